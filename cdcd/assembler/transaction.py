@@ -1,0 +1,77 @@
+"""What the assembler hands on: committed transactions with their ordered changes.
+
+A :class:`Transaction` is released only once PostgreSQL has committed it (Commit, Stream
+Commit or Commit Prepared). Its position is ``commit_lsn``; the LSN to acknowledge once every
+sink holds it durably is ``end_lsn`` (see PITFALLS: acknowledge the end LSN, never the commit
+LSN). A non-transactional logical decoding message is released on its own as a
+``Transaction`` of kind ``"message"`` whose ``commit_lsn`` and ``end_lsn`` are the message's LSN.
+
+Each :class:`ChangeRecord` keeps the Relation (or Relations, for Truncate) as they were
+described when the change was decoded, so DDL in the middle of a transaction changes only the
+later changes. Changes of a large transaction may live in a spill file: ``changes()`` reads
+them back in order, and may be called more than once until ``release()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cdcd.decoder.events import Change, Relation
+
+TransactionKind = Literal["regular", "streamed", "prepared", "message"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRecord:
+    """One change inside a transaction.
+
+    ``lsn``: the change's own WAL position (XLogData ``wal_start``; Debezium's ``source.lsn``).
+    ``relations``: for Insert/Update/Delete one Relation; for Truncate one per truncated
+    relation in message order; for a logical message none.
+    """
+
+    lsn: int
+    change: Change
+    relations: tuple[Relation, ...]
+
+
+@dataclass(slots=True)
+class Transaction:
+    """A committed transaction, ready for the sinks.
+
+    ``commit_time`` is microseconds since the PostgreSQL epoch. ``origin`` is the name from an
+    Origin message when the transaction was replicated from elsewhere. ``gid`` is set for a
+    two-phase transaction (released at Commit Prepared, with that message's LSNs and time).
+    ``size`` is the number of changes.
+    """
+
+    kind: TransactionKind
+    xid: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time: int
+    size: int
+    origin: str | None = None
+    origin_lsn: int | None = None
+    gid: str | None = None
+    _reader: Callable[[], Iterator[ChangeRecord]] | None = field(default=None, repr=False)
+    _records: list[ChangeRecord] | None = field(default=None, repr=False)
+    _on_release: Callable[[], None] | None = field(default=None, repr=False)
+
+    def changes(self) -> Iterator[ChangeRecord]:
+        """The changes in commit order; for a spilled transaction, read back from disk."""
+        if self._records is not None:
+            return iter(self._records)
+        if self._reader is not None:
+            return self._reader()
+        return iter(())
+
+    def release(self) -> None:
+        """Free what the transaction holds (memory, spill files). Call once all sinks are done."""
+        self._records = None
+        self._reader = None
+        if self._on_release is not None:
+            callback, self._on_release = self._on_release, None
+            callback()

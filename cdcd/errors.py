@@ -1,0 +1,97 @@
+"""Every exception cdcd raises, classified by consequence.
+
+::
+
+    CdcdError                      base; ``retriable`` says what the supervisor does
+    ├── ConfigError                bad configuration or usage            exit 2, definite
+    ├── ProtocolError              bytes that break the protocol         definite
+    │   ├── LocalProtocolError     we broke it (a bug in cdcd)
+    │   └── RemoteProtocolError    the server sent something impossible (names tag and LSN)
+    ├── AssemblyError              message order breaks an invariant (nested Begin, ...)
+    ├── SourceError                a problem with the PostgreSQL source
+    │   ├── DefiniteSourceError    wal_level, slot lost, publication missing, auth,
+    │   │                          permission denied: stop, exit 3, say what to do
+    │   └── TransientSourceError   connection lost, server restarting: reconnect with backoff
+    └── SinkError                  a sink could not make data durable
+        ├── DefiniteSinkError      oversized record, authorization, bad path: stop
+        └── TransientSinkError     broker unavailable, disk briefly full: retry
+
+Third-party exceptions (asyncpg, aiokafka, OSError) are translated into these in exactly one
+place per component; nothing above the component sees a foreign exception type.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_SOURCE = 3
+
+
+class CdcdError(Exception):
+    """Base of every cdcd error. ``retriable``: may the supervisor try again?"""
+
+    retriable: bool = False
+    exit_code: int = EXIT_FAILURE
+
+
+class ConfigError(CdcdError):
+    """Invalid configuration or usage; the message names the key and the problem."""
+
+    exit_code = EXIT_USAGE
+
+
+class ProtocolError(CdcdError):
+    """Bytes that do not follow the protocol."""
+
+
+class LocalProtocolError(ProtocolError):
+    """cdcd itself broke the protocol: a bug."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The server sent bytes that cannot be right (unknown tag, truncated message)."""
+
+    def __init__(self, message: str, *, tag: str | None = None, lsn: int | None = None) -> None:
+        where = []
+        if tag is not None:
+            where.append(f"tag {tag!r}")
+        if lsn is not None:
+            where.append(f"at LSN {lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}")
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+        self.tag = tag
+        self.lsn = lsn
+
+
+class AssemblyError(CdcdError):
+    """The message sequence breaks a transaction invariant (nested Begin, stray Commit, ...)."""
+
+
+class SourceError(CdcdError):
+    """A problem with the PostgreSQL source."""
+
+
+class DefiniteSourceError(SourceError):
+    """The source cannot work until an operator acts: exit 3 with what to do."""
+
+    exit_code = EXIT_SOURCE
+
+
+class TransientSourceError(SourceError):
+    """The connection failed in a way that reconnecting may fix."""
+
+    retriable = True
+
+
+class SinkError(CdcdError):
+    """A sink could not make data durable."""
+
+
+class DefiniteSinkError(SinkError):
+    """A sink failure that retrying will not fix."""
+
+
+class TransientSinkError(SinkError):
+    """A sink failure that may pass (broker down, timeout)."""
+
+    retriable = True

@@ -1,0 +1,97 @@
+"""The sink contract: how committed transactions leave cdcd.
+
+Delivery is **at-least-once**. After a crash PostgreSQL resends every transaction whose end
+LSN was not confirmed, so a sink sees again events it may already have published. Every event
+carries its unique, totally ordered position ``(commit_lsn, seq)``; a sink either recognises
+and skips what it already holds (the file sinks do, so their output has no duplicates) or
+publishes duplicates that carry the same position (Kafka, where consumers deduplicate).
+
+The pipeline drives a sink like this, one transaction at a time, in commit order::
+
+    await sink.start()
+    for each committed transaction txn:
+        await sink.begin(txn)
+        for each batch of its events (bounded size; a huge transaction comes in many):
+            await sink.write(batch)
+        await sink.commit(txn)         # handed over completely; not necessarily durable yet
+        ... sink.durable_lsn() rises as the sink makes transactions durable ...
+    await sink.flush()                 # make everything handed over durable now
+    await sink.close()
+
+``durable_lsn()`` returns the ``end_lsn`` of the newest transaction whose every event the sink
+holds durably (fsynced file renamed into place, broker acknowledged every record), and never
+decreases. The LSN confirmed to PostgreSQL is the minimum over all sinks, so a sink must never
+report a transaction before it is durable: that is the one rule that prevents data loss.
+
+A sink signals failure by raising :class:`cdcd.errors.SinkError` (``TransientSinkError`` when
+waiting and retrying may help). It must translate its library's exceptions itself.
+
+Third-party sinks register a class under the ``cdcd.sinks`` entry-point group; the class is
+built as ``cls(config: dict, context: SinkContext)``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdcd.lsn import Progress
+
+if TYPE_CHECKING:
+    from cdcd.assembler.transaction import Transaction
+    from cdcd.sinks.encoding import ChangeEvent
+
+
+@dataclass(frozen=True, slots=True)
+class SinkContext:
+    """What every sink may need to know about the pipeline it is part of."""
+
+    name: str  # the logical server name (config ``name``): topic prefix and ``source.name``
+    database: str  # ``source.db``
+    config_dir: Path  # relative paths in a sink's config are relative to this folder
+
+
+class Sink(abc.ABC):
+    """Base class of every sink. Subclasses implement the abstract methods."""
+
+    #: short name for logs and metrics, e.g. ``"file"`` or ``"kafka"``
+    type_name: str = "sink"
+
+    def __init__(self) -> None:
+        self._durable = Progress()
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections and files; recover what a previous run left behind."""
+
+    @abc.abstractmethod
+    async def begin(self, txn: Transaction) -> None:
+        """A new committed transaction starts; its events follow through ``write``."""
+
+    @abc.abstractmethod
+    async def write(self, events: Sequence[ChangeEvent]) -> None:
+        """Events of the current transaction, in ``seq`` order."""
+
+    @abc.abstractmethod
+    async def commit(self, txn: Transaction) -> None:
+        """The current transaction has been handed over completely."""
+
+    @abc.abstractmethod
+    async def flush(self) -> None:
+        """Make everything handed over so far durable; ``durable_lsn`` covers it afterwards."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Does not imply ``flush``: the pipeline flushes first when draining."""
+
+    def durable_lsn(self) -> int:
+        """End LSN of the newest transaction this sink holds durably (never decreases)."""
+        return self._durable.value
+
+    def _mark_durable(self, end_lsn: int) -> None:
+        self._durable.advance(end_lsn)
+
+    def stats(self) -> dict[str, Any]:
+        """Numbers for metrics and logs (optional)."""
+        return {}
