@@ -26,8 +26,10 @@ report a transaction before it is durable: that is the one rule that prevents da
 A sink signals failure by raising :class:`cdcd.errors.SinkError` (``TransientSinkError`` when
 waiting and retrying may help). It must translate its library's exceptions itself.
 
-Third-party sinks register a class under the ``cdcd.sinks`` entry-point group; the class is
-built as ``cls(config: dict, context: SinkContext)``.
+Sinks are chosen by ``type`` in the config. Built-in and third-party sinks register their class
+under the ``cdcd.sinks`` entry-point group (see :mod:`cdcd.sinks.registry`). A sink class has a
+pydantic model ``Config`` (``extra="forbid"``; the ``type`` key is removed before validation)
+and is built as ``cls(config: cls.Config, context: SinkContext)``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel
 
 from cdcd.lsn import Progress
 
@@ -59,6 +63,8 @@ class Sink(abc.ABC):
 
     #: short name for logs and metrics, e.g. ``"file"`` or ``"kafka"``
     type_name: str = "sink"
+    #: the pydantic model of this sink's config section (without ``type``)
+    Config: ClassVar[type[BaseModel]]
 
     def __init__(self) -> None:
         self._durable = Progress()
