@@ -1,0 +1,446 @@
+"""Wires the stages together and supervises them; no protocol or format logic lives here.
+
+::
+
+    PostgreSQL ──XLogData──▶ reader task: decoder ▶ assembler ──Transaction──▶ bounded queue
+                                                                                   │
+    PostgreSQL ◀──status update── ack task ◀── min(sink.durable_lsn()) ◀── writer task ▶ sinks
+
+Progress tracking (the reason this module exists):
+
+* The LSN confirmed to the server (``flush`` in the standby status update) is the minimum over
+  all sinks of the end LSN of the newest transaction they hold durably, capped by the
+  assembler's ``confirm_ceiling()`` (never past an unresolved prepared transaction). It only
+  moves forward (``cdcd.lsn.Progress``).
+* When nothing is in flight — the assembler is idle, the queue is empty and every sink has made
+  everything it was handed durable — the server's keepalive position may be confirmed as well,
+  so an idle slot does not hold WAL forever (PITFALLS, "Positions and acknowledgement").
+* After a reconnect the server resends everything after the confirmed position; transactions
+  whose commit LSN is not beyond the last one handed to the sinks are dropped here, and after a
+  crash the sinks recognise what they already hold by ``(commit_lsn, seq)``.
+
+Failures are classified by ``cdcd.errors``: transient source errors reconnect with backoff;
+anything else stops the whole daemon with a clear message (no zombie tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from cdcd.assembler.assembler import Assembler
+from cdcd.assembler.transaction import Transaction
+from cdcd.catalog import LiveCatalog
+from cdcd.config import Config
+from cdcd.decoder import events as ev
+from cdcd.decoder.pgoutput import PgOutputDecoder
+from cdcd.errors import (
+    EXIT_OK,
+    CdcdError,
+    ConfigError,
+    DefiniteSourceError,
+    TransientSinkError,
+    TransientSourceError,
+)
+from cdcd.lsn import Progress, format_lsn
+from cdcd.replication.client import ReplicationClient
+from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.encoding import Encoder
+from cdcd.sinks.registry import load_sink_class
+from cdcd.wire.replication import PrimaryKeepalive, XLogData
+
+log = structlog.get_logger("cdcd.app")
+
+#: server_version_num thresholds for pgoutput protocol versions (PITFALLS: 14 -> 2, 15 -> 3, 16+ -> 4)
+_PROTO_BY_VERSION = ((160000, 4), (150000, 3), (140000, 2), (0, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    proto_version: int
+    streaming: str  # off | on | parallel
+    options: dict[str, str]
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def stream_options(source: Any, server_version: int) -> StreamOptions:
+    """pgoutput options for START_REPLICATION from the config and the server's version."""
+    highest = next(proto for minimum, proto in _PROTO_BY_VERSION if server_version >= minimum)
+    if source.proto_version == "auto":
+        proto = highest
+    else:
+        proto = int(source.proto_version)
+        if proto > highest:
+            raise ConfigError(
+                f"source.proto_version: {proto} is not supported by this server "
+                f"(version {server_version // 10000} supports up to {highest})"
+            )
+    streaming = str(source.streaming)
+    if streaming == "auto":
+        streaming = "parallel" if proto >= 4 else "on" if proto >= 2 else "off"
+    if streaming == "on" and proto < 2:
+        raise ConfigError("source.streaming: 'on' needs proto_version 2 or later")
+    if streaming == "parallel" and proto < 4:
+        raise ConfigError("source.streaming: 'parallel' needs proto_version 4 (PostgreSQL 16+)")
+    options = {
+        "proto_version": str(proto),
+        "publication_names": quote_ident(source.publication),
+    }
+    if streaming != "off":
+        options["streaming"] = streaming
+    if source.two_phase:
+        if proto < 3:
+            raise ConfigError("source.two_phase: needs proto_version 3 or later (PostgreSQL 15+)")
+        options["two_phase"] = "on"
+    if source.binary:
+        options["binary"] = "true"
+    if source.messages:
+        options["messages"] = "true"
+    if source.origin != "any":
+        if server_version < 160000:
+            raise ConfigError("source.origin: 'none' needs PostgreSQL 16 or later")
+        options["origin"] = source.origin
+    return StreamOptions(proto, streaming, options)
+
+
+@dataclass
+class Stats:
+    """Counters the HTTP endpoint exports (cdcd.health)."""
+
+    received_bytes: int = 0
+    received_messages: int = 0
+    transactions: int = 0
+    events: int = 0
+    events_by: dict[tuple[str, str], int] = field(default_factory=dict)
+    reconnects: int = 0
+    server_wal_end: int = 0
+    confirmed_lsn: int = 0
+    last_commit_time_us: int = 0
+    streaming: bool = False
+    connected: bool = False
+
+
+class Pipeline:
+    """One running daemon: source connection, assembler, sinks, acknowledgement."""
+
+    def __init__(self, config: Config, *, endpos: int | None = None) -> None:
+        self.config = config
+        self.endpos = endpos
+        self.stats = Stats()
+        self.sinks: list[Sink] = []
+        self._stop = asyncio.Event()
+        self._endpos_reached = False
+        self._queue: asyncio.Queue[Transaction | None] = asyncio.Queue(
+            maxsize=config.buffer.queue_transactions
+        )
+        self._confirmed = Progress()
+        self._received = Progress()
+        self._handed_commit_lsn = 0  # commit LSN of the last transaction handed to the sinks
+        self._handed_end_lsn = 0
+        self._writer_busy = False
+        self._keepalive_lsn = 0
+        self._client: ReplicationClient | None = None
+        self._catalog: LiveCatalog | None = None
+        self._catalog_conn: Any = None
+        self._assembler: Assembler | None = None
+        self._last_flush: dict[int, float] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """SIGTERM/SIGINT: stop reading, drain the sinks, confirm what is durable."""
+        if not self._stop.is_set():
+            log.info("stopping: draining sinks")
+            self._stop.set()
+
+    async def run(self) -> int:
+        cfg = self.config
+        context = SinkContext(name=cfg.name, database="", config_dir=cfg.config_dir)
+        from cdcd.source import Source  # local import: the source module wires asyncpg
+
+        source = Source(cfg)
+        await source.prepare()  # wal_level, publication, slot (definite errors raise here)
+        context = SinkContext(name=cfg.name, database=source.database, config_dir=cfg.config_dir)
+        self._catalog_conn = source.catalog_conn
+        self._catalog = LiveCatalog(source.catalog_conn)
+        self._assembler = Assembler(
+            memory_limit=cfg.buffer.memory_limit,
+            spill_dir=cfg.buffer.spill_dir,
+            on_type=self._catalog.types.observe,
+        )
+        self.sinks = [load_sink_class(spec.type)(spec.config, context) for spec in cfg.sinks]
+        encoder = Encoder(context, self._catalog)
+        try:
+            for sink in self.sinks:
+                await sink.start()
+            writer = asyncio.create_task(self._writer(encoder), name="writer")
+            acker = asyncio.create_task(self._acker(), name="acker")
+            reader = asyncio.create_task(self._reader_loop(source), name="reader")
+            stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
+            tasks = {writer, acker, reader, stop_waiter}
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task is not stop_waiter and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                # Orderly stop (signal or endpos): stop reading, then drain the writer.
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+                await self._queue.put(None)
+                await asyncio.wait_for(writer, timeout=cfg.shutdown.grace_period)
+                await self._flush_all()
+                await self._acknowledge(final=True)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for sink in self.sinks:
+                with contextlib.suppress(Exception):
+                    await sink.close()
+            if self._client is not None:
+                with contextlib.suppress(Exception):
+                    await self._client.close()
+            await source.close()
+        return EXIT_OK
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def _reader_loop(self, source: Any) -> None:
+        """Stream from the server; reconnect with backoff on transient failures."""
+        src = self.config.source
+        backoff = src.reconnect_min_backoff
+        failing_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                await self._stream_once(source)
+                return  # endpos reached
+            except TransientSourceError as exc:
+                self.stats.connected = False
+                self.stats.streaming = False
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if src.give_up_after is not None and now - failing_since > src.give_up_after:
+                    raise DefiniteSourceError(
+                        f"giving up after {src.give_up_after:.0f} s of failed connections: {exc}"
+                    ) from exc
+                self.stats.reconnects += 1
+                log.warning("source connection lost; reconnecting", error=str(exc), backoff_s=backoff)
+                await self._close_client()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, src.reconnect_max_backoff)
+            else:
+                failing_since = None
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+    async def _stream_once(self, source: Any) -> None:
+        assert self._assembler is not None and self._catalog is not None
+        client = await source.replication_client()
+        self._client = client
+        opts = stream_options(self.config.source, client.server_version)
+        decoder = PgOutputDecoder(opts.proto_version)
+        assembler = self._assembler
+        assembler.reset()
+        catalog = self._catalog
+        client.set_positions(written=self._confirmed.value, flushed=self._confirmed.value)
+        await client.start_replication(self.config.source.slot, 0, opts.options)
+        self.stats.connected = True
+        self.stats.streaming = True
+        structlog.contextvars.bind_contextvars(slot=self.config.source.slot)
+        log.info(
+            "streaming",
+            proto_version=opts.proto_version,
+            streaming=opts.streaming,
+            options=opts.options,
+            server_version=client.server_version,
+        )
+        endpos = self.endpos
+        stats = self.stats
+        async for item in client.messages():
+            if isinstance(item, XLogData):
+                lsn = item.wal_start
+                data = item.data
+                stats.received_messages += 1
+                stats.received_bytes += len(data)
+                self._received.advance(item.wal_end)
+                msg = decoder.decode(data, lsn)
+                if type(msg) is ev.Relation:
+                    await catalog.on_relation(msg)
+                txn = assembler.feed(msg, lsn)
+                if txn is None:
+                    continue
+                if endpos is not None and txn.commit_lsn > endpos:
+                    txn.release()
+                    self._reach_endpos()
+                    return
+                if txn.commit_lsn <= self._handed_commit_lsn:
+                    txn.release()  # resent after a reconnect; the sinks already have it
+                    continue
+                self._handed_commit_lsn = txn.commit_lsn
+                await self._queue.put(txn)
+            elif isinstance(item, PrimaryKeepalive):
+                self._keepalive_lsn = max(self._keepalive_lsn, item.wal_end)
+                stats.server_wal_end = max(stats.server_wal_end, item.wal_end)
+                self._received.advance(item.wal_end)
+                if endpos is not None and item.wal_end >= endpos and assembler.idle:
+                    self._reach_endpos()
+                    return
+            if self._stop.is_set():
+                return
+
+    def _reach_endpos(self) -> None:
+        log.info("endpos reached", endpos=format_lsn(self.endpos or 0))
+        self._endpos_reached = True
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def _writer(self, encoder: Encoder) -> None:
+        queue = self._queue
+        sinks = self.sinks
+        stats = self.stats
+        while True:
+            try:
+                txn = await asyncio.wait_for(queue.get(), timeout=0.1)
+            except TimeoutError:
+                await self._maybe_flush(idle=True)
+                continue
+            if txn is None:
+                return
+            self._writer_busy = True
+            try:
+                for sink in sinks:
+                    await sink.begin(txn)
+                for batch in encoder.batches(txn):
+                    for sink in sinks:
+                        await sink.write(batch)
+                    stats.events += len(batch)
+                    for event in batch:
+                        key = (f"{event.schema}.{event.table}", event.op)
+                        stats.events_by[key] = stats.events_by.get(key, 0) + 1
+                for sink in sinks:
+                    await sink.commit(txn)
+            finally:
+                txn.release()
+            self._handed_end_lsn = max(self._handed_end_lsn, txn.end_lsn)
+            stats.transactions += 1
+            stats.last_commit_time_us = txn.commit_time
+            self._writer_busy = False
+            await self._maybe_flush(idle=queue.empty())
+
+    async def _maybe_flush(self, *, idle: bool) -> None:
+        now = time.monotonic()
+        for sink in self.sinks:
+            if sink.durable_lsn() >= self._handed_end_lsn:
+                continue
+            interval = float(getattr(sink, "flush_interval", 1.0))
+            last = self._last_flush.get(id(sink), 0.0)
+            if now - last >= interval or (idle and interval == 0):
+                await self._flush_sink(sink)
+                self._last_flush[id(sink)] = now
+
+    async def _flush_sink(self, sink: Sink) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await sink.flush()
+                return
+            except TransientSinkError as exc:
+                log.warning("sink flush failed; retrying", sink=sink.type_name, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _flush_all(self) -> None:
+        for sink in self.sinks:
+            await self._flush_sink(sink)
+
+    # -- acknowledging -----------------------------------------------------------------------
+
+    def _confirmable(self) -> int:
+        """The LSN that may be confirmed now (see the module docstring)."""
+        assert self._assembler is not None
+        durable = min((sink.durable_lsn() for sink in self.sinks), default=0)
+        ceiling = self._assembler.confirm_ceiling()
+        position = durable if ceiling is None else min(durable, ceiling)
+        nothing_in_flight = (
+            self._assembler.idle
+            and self._queue.empty()
+            and not self._writer_busy
+            and durable >= self._handed_end_lsn
+        )
+        if nothing_in_flight:
+            position = max(position, min(self._keepalive_lsn, self._received.value))
+        return position
+
+    async def _acknowledge(self, *, final: bool = False) -> None:
+        moved = self._confirmed.advance(self._confirmable())
+        self.stats.confirmed_lsn = self._confirmed.value
+        client = self._client
+        if client is None:
+            return
+        client.set_positions(
+            written=max(self._received.value, self._confirmed.value),
+            flushed=self._confirmed.value,
+        )
+        if moved or final:
+            with contextlib.suppress(CdcdError, OSError):
+                await client.send_status()
+
+    async def _acker(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            await self._acknowledge()
+            if self._endpos_reached:
+                await self._finish_endpos()
+                return
+
+    async def _finish_endpos(self) -> None:
+        """With --endpos: wait until everything handed over is durable, confirm, stop."""
+        while self._writer_busy or not self._queue.empty():
+            await asyncio.sleep(0.05)
+        await self._flush_all()
+        await self._acknowledge(final=True)
+        self._stop.set()
+
+
+def _install_signal_handlers(pipeline: Pipeline) -> Callable[[], None]:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, pipeline.request_stop)
+
+    def remove() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+    return remove
+
+
+async def run_async(config: Config, endpos: int | None) -> int:
+    pipeline = Pipeline(config, endpos=endpos)
+    remove = _install_signal_handlers(pipeline)
+    try:
+        return await pipeline.run()
+    finally:
+        remove()
+
+
+def run(config: Config, endpos: int | None) -> int:
+    """``cdcd run``: the daemon. Returns the exit code."""
+    from cdcd.cli import run_async as run_on_loop
+
+    return int(run_on_loop(run_async(config, endpos)))

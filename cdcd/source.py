@@ -1,0 +1,157 @@
+"""The PostgreSQL source: checks, publication and slot set-up, and connections.
+
+Everything here is ordinary SQL over asyncpg except slot creation and streaming, which need
+the replication connection (:mod:`cdcd.replication.client`). Problems an operator must fix
+(wal_level, missing or invalidated slot, missing publication, privileges) raise
+:class:`DefiniteSourceError` with what to do; lost connections raise
+:class:`TransientSourceError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import structlog
+
+from cdcd.config import Config
+from cdcd.errors import DefiniteSourceError, TransientSourceError
+from cdcd.replication import slot as slots
+from cdcd.replication.client import ReplicationClient, SlotExists
+from cdcd.wire.dsn import ConnParams, parse_dsn
+
+log = structlog.get_logger("cdcd.source")
+
+#: GUCs every cdcd session on the source uses, so text values render the same everywhere.
+SESSION_GUCS = {
+    "DateStyle": "ISO, MDY",
+    "TimeZone": "UTC",
+    "IntervalStyle": "iso_8601",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+}
+
+
+def conn_params(config: Config) -> ConnParams:
+    return parse_dsn(config.source.conninfo())
+
+
+async def open_sql(params: ConnParams, timeout: float) -> Any:
+    """An asyncpg connection for ordinary SQL, with the session GUCs set."""
+    kwargs = params.to_asyncpg_kwargs()
+    settings = dict(kwargs.pop("server_settings", None) or {})
+    settings.update(SESSION_GUCS)
+    settings.setdefault("application_name", "cdcd-catalog")
+    try:
+        return await asyncpg.connect(**kwargs, server_settings=settings, timeout=timeout)
+    except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
+        raise DefiniteSourceError(
+            f"authentication failed for user {params.user!r} on {params.host}:{params.port}: {exc}"
+        ) from exc
+    except asyncpg.InvalidCatalogNameError as exc:
+        raise DefiniteSourceError(f"database {params.dbname!r} does not exist: {exc}") from exc
+    except (OSError, TimeoutError, asyncpg.CannotConnectNowError) as exc:
+        raise TransientSourceError(
+            f"cannot connect to {params.host}:{params.port}: {exc}"
+        ) from exc
+
+
+class Source:
+    """Owns the catalog connection and opens replication connections on demand."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.params = conn_params(config)
+        self.catalog_conn: Any = None
+        self.database = self.params.dbname or ""
+        self.slot_created = False
+        self.consistent_point: int | None = None
+
+    async def connect_catalog(self) -> None:
+        if self.catalog_conn is None:
+            self.catalog_conn = await open_sql(self.params, self.config.source.connect_timeout)
+            self.database = await self.catalog_conn.fetchval("SELECT current_database()")
+
+    async def prepare(self) -> None:
+        """Check the server and set up the publication and slot as configured."""
+        src = self.config.source
+        await self.connect_catalog()
+        conn = self.catalog_conn
+        await slots.check_wal_level(conn)
+        if src.create_publication:
+            await slots.ensure_publication(conn, src.publication, list(src.tables) or None)
+        elif not await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", src.publication
+        ):
+            raise DefiniteSourceError(
+                f"publication {src.publication!r} does not exist in database {self.database!r}; "
+                "create it (CREATE PUBLICATION ... FOR ALL TABLES) or set "
+                "source.create_publication: true"
+            )
+        info = await slots.slot_info(conn, src.slot)
+        if info is None:
+            if not src.create_slot:
+                raise DefiniteSourceError(
+                    f"replication slot {src.slot!r} does not exist; create it with "
+                    "'cdcd slot create' or set source.create_slot: true"
+                )
+            await self.create_slot()
+            info = await slots.slot_info(conn, src.slot)
+        if info is not None:
+            self._check_slot(info)
+
+    def _check_slot(self, info: Any) -> None:
+        src = self.config.source
+        if info.database and info.database != self.database:
+            raise DefiniteSourceError(
+                f"replication slot {src.slot!r} belongs to database {info.database!r}, "
+                f"not {self.database!r}; choose another source.slot"
+            )
+        if info.plugin and info.plugin != "pgoutput":
+            raise DefiniteSourceError(
+                f"replication slot {src.slot!r} uses plugin {info.plugin!r}; cdcd needs pgoutput"
+            )
+        if info.wal_status == "lost":
+            raise DefiniteSourceError(
+                f"replication slot {src.slot!r} is invalidated (wal_status=lost): the server "
+                "removed WAL it still needed (max_slot_wal_keep_size). Changes were lost; drop "
+                "the slot ('cdcd slot drop'), re-create it and re-snapshot the tables"
+            )
+        if src.two_phase and info.two_phase is False:
+            log.warning(
+                "source.two_phase is on but the slot was created without TWO_PHASE; prepared "
+                "transactions arrive at COMMIT PREPARED. Re-create the slot to change this",
+                slot=src.slot,
+            )
+
+    async def create_slot(self) -> bool:
+        """Create the slot; False when it already exists."""
+        src = self.config.source
+        client = await self.replication_client()
+        try:
+            created = await client.create_slot(src.slot, two_phase=src.two_phase)
+        except SlotExists:
+            return False
+        finally:
+            await client.close()
+        self.slot_created = True
+        self.consistent_point = created.consistent_point
+        log.info("replication slot created", slot=src.slot, two_phase=src.two_phase)
+        return True
+
+    async def replication_client(self) -> ReplicationClient:
+        src = self.config.source
+        return await ReplicationClient.connect(
+            self.params,
+            application_name=src.application_name,
+            connect_timeout=src.connect_timeout,
+            status_interval=src.status_interval,
+        )
+
+    async def close(self) -> None:
+        if self.catalog_conn is not None:
+            conn, self.catalog_conn = self.catalog_conn, None
+            try:
+                await conn.close(timeout=5)
+            except Exception:
+                conn.terminate()
