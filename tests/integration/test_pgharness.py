@@ -1,0 +1,122 @@
+"""The test harness itself: clusters start configured for logical decoding, databases and
+their slots are cleaned up, and the captured pgoutput corpus loads."""
+
+from __future__ import annotations
+
+import psycopg2
+import psycopg2.extras
+import pytest
+
+from tests.corpusutil import all_corpus_files, framed_stream, load_corpus
+from tests.pgharness import PgCluster, PgDatabase, create_database
+
+pg = pytest.mark.pg
+
+
+@pg
+def test_cluster_is_configured_for_logical_replication(pg_cluster: PgCluster) -> None:
+    assert pg_cluster.is_running()
+    settings = dict(
+        pg_cluster.fetch(
+            "SELECT name, setting FROM pg_settings WHERE name IN "
+            "('wal_level', 'max_replication_slots', 'max_prepared_transactions', "
+            "'listen_addresses', 'port', 'server_version_num')"
+        )
+    )
+    assert settings["wal_level"] == "logical"
+    assert int(settings["max_replication_slots"]) >= 64
+    assert int(settings["max_prepared_transactions"]) >= 32
+    assert settings["listen_addresses"] == "127.0.0.1"
+    assert int(settings["port"]) == pg_cluster.port
+    assert int(settings["server_version_num"]) // 10000 == pg_cluster.major
+
+
+@pg
+def test_pgoutput_slot_can_be_created_and_peeked(pg_db: PgDatabase) -> None:
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pg_db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+    pg_db.execute("SELECT pg_create_logical_replication_slot('s1', 'pgoutput')")
+    pg_db.execute("INSERT INTO t VALUES (1, 'a')")
+    rows = pg_db.fetch(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes('s1', NULL, NULL, "
+        "'proto_version', '1', 'publication_names', 'pub')"
+    )
+    tags = [bytes(r[0])[:1] for r in rows]
+    assert tags == [b"B", b"R", b"I", b"C"]
+    assert pg_db.slots() == ["s1"]
+
+
+@pg
+def test_tcp_dsn_and_replication_connection_see_streaming_settings(pg_db: PgDatabase) -> None:
+    pg_db.enable_streaming()
+    conn = psycopg2.connect(
+        pg_db.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW logical_decoding_work_mem")
+            assert cur.fetchone()[0] == "64kB"
+            if pg_db.cluster.major >= 16:
+                cur.execute("SHOW debug_logical_replication_streaming")
+                assert cur.fetchone()[0] == "immediate"
+    finally:
+        conn.close()
+
+
+@pg
+def test_drop_removes_active_slots_and_prepared_transactions(pg_cluster: PgCluster) -> None:
+    db = create_database(pg_cluster)
+    db.execute("CREATE TABLE t (id int)")
+    db.execute("SELECT pg_create_logical_replication_slot('held', 'pgoutput')")
+    with db.connect() as conn, conn.cursor() as cur:
+        cur.execute("BEGIN; INSERT INTO t VALUES (1); PREPARE TRANSACTION 'gx'")
+    repl = psycopg2.connect(db.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    try:
+        db.execute("CREATE PUBLICATION pub FOR ALL TABLES")
+        repl.cursor().start_replication(
+            slot_name="held", options={"proto_version": "1", "publication_names": "pub"}
+        )
+        db.drop()
+    finally:
+        repl.close()
+    assert pg_cluster.fetch(f"SELECT 1 FROM pg_database WHERE datname = '{db.name}'") == []
+    assert pg_cluster.fetch("SELECT 1 FROM pg_replication_slots WHERE slot_name = 'held'") == []
+
+
+@pg
+def test_kill_then_start_recovers(pg_cluster: PgCluster, pg_db: PgDatabase) -> None:
+    pg_db.execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+    port = pg_cluster.port
+    pg_cluster.kill()
+    assert not pg_cluster.is_running()
+    pg_cluster.start()
+    assert pg_cluster.port == port
+    assert pg_db.fetchval("SELECT count(*) FROM t") == 1
+
+
+# ---------------------------------------------------------------- corpus sanity
+
+_OPENERS = {b"B": b"C", b"S": b"E", b"b": b"P"}
+#: Messages that stand alone between transactions.
+_STANDALONE = {b"M", b"K", b"r", b"c", b"A", b"p"}
+
+
+@pytest.mark.parametrize("path", all_corpus_files(), ids=lambda p: "/".join(p.parts[-3:]))
+def test_corpus_file_loads_and_transactions_are_well_formed(path) -> None:  # type: ignore[no-untyped-def]
+    header, rows = load_corpus(path)
+    assert header["major"] == int(path.parts[-3].removeprefix("pg"))
+    assert header["options"]["proto_version"] in ("1", "2", "3", "4")
+    assert rows, f"{path} has no messages"
+    closer: bytes | None = None
+    for lsn, _xid, data in rows:
+        tag = data[:1]
+        if closer is None:
+            assert tag in _OPENERS or tag in _STANDALONE, f"{path} at {lsn:X}: starts with {tag!r}"
+            closer = _OPENERS.get(tag)
+        elif tag == closer:
+            closer = None
+        else:
+            assert tag not in _OPENERS, f"{path} at {lsn:X}: {tag!r} inside a transaction"
+    assert closer is None, f"{path}: last transaction is not closed"
+    framed = framed_stream(rows)
+    assert framed.startswith(b"d") and len(framed) == sum(1 + 4 + 1 + 24 + len(r[2]) for r in rows)
