@@ -1,0 +1,307 @@
+"""Spill files: one append-only file per buffered transaction that outgrew memory.
+
+The assembler (:mod:`cdcd.assembler.assembler`) moves a transaction's changes here once the
+memory it accounts for passes its limit; later changes of that transaction are appended. The
+file is read back, in order, when the transaction is released, and deleted when the
+transaction is released, aborted or rolled back. Nothing here survives a restart: the server
+resends every transaction that was not confirmed, so stale files are simply removed
+(:func:`remove_stale`).
+
+Invariants:
+
+- Records are written in the order they were appended; reading yields them in that order,
+  as equal :class:`~cdcd.assembler.transaction.ChangeRecord` objects (the change events
+  compare equal; the Relation objects are the very ones that were appended).
+- :meth:`SpillFile.tell` is the offset the next record will start at. Truncating at an offset
+  previously returned by ``tell`` drops exactly the records appended after it. The
+  assembler uses this for Stream Abort of a subtransaction, as PostgreSQL's apply worker
+  truncates its spool file (``src/backend/replication/logical/worker.c``,
+  ``stream_abort_internal``).
+- Relations are not written: each file keeps the few Relation objects its records refer to in
+  a small in-memory table, and records carry an index into it.
+- Writes are buffered (``buffer_size``, 1 MiB by default): memory held by a spilled
+  transaction is at most that buffer plus the relation table.
+- I/O errors surface as :class:`OSError` (disk full, permission): the caller decides.
+
+Record format (all integers little-endian)::
+
+    u32 body length | body
+    body   = u8 tag | u64 lsn | u8 has_xid | u32 xid | u32 nrel | nrel * u32 relation index | payload
+    tag I  = u32 relation oid | tuple
+    tag U  = u32 relation oid | u8 old kind (0, 'K', 'O') | [tuple old] | tuple new
+    tag D  = u32 relation oid | u8 old kind | tuple old
+    tag T  = u8 options | u32 n | n * u32 oid
+    tag M  = u8 transactional | u64 message lsn | u32 len | prefix utf-8 | u32 len | content
+    tuple  = u16 ncols | ncols bytes kinds | ncols * i32 length (-1: no value) | the values
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+from cdcd.assembler.transaction import ChangeRecord
+from cdcd.decoder.events import (
+    Change,
+    Delete,
+    Insert,
+    Message,
+    Relation,
+    Truncate,
+    TupleData,
+    Update,
+)
+
+#: Spill files are named ``<SPILL_PREFIX><n><SPILL_SUFFIX>`` inside the spill directory.
+SPILL_PREFIX: Final = "cdcd-txn-"
+SPILL_SUFFIX: Final = ".spill"
+
+DEFAULT_BUFFER_SIZE: Final = 1 << 20
+
+_U32 = struct.Struct("<I")
+_HEAD = struct.Struct("<BQBII")  # tag, lsn, has_xid, xid, nrel
+_U16 = struct.Struct("<H")
+_U8U32 = struct.Struct("<BI")
+_U32U8 = struct.Struct("<IB")
+_MSG = struct.Struct("<BQ")
+
+_TAG_INSERT: Final = ord("I")
+_TAG_UPDATE: Final = ord("U")
+_TAG_DELETE: Final = ord("D")
+_TAG_TRUNCATE: Final = ord("T")
+_TAG_MESSAGE: Final = ord("M")
+
+
+def remove_stale(spill_dir: Path) -> int:
+    """Delete spill files left in ``spill_dir`` by an earlier process; return how many."""
+    removed = 0
+    for path in spill_dir.glob(f"{SPILL_PREFIX}*{SPILL_SUFFIX}"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+class SpillFile:
+    """An append-only file of one transaction's change records."""
+
+    __slots__ = ("_buffer_size", "_fd", "_flushed", "_pending", "_rel_index", "_rels", "path")
+
+    def __init__(self, path: Path, *, buffer_size: int = DEFAULT_BUFFER_SIZE) -> None:
+        self.path = path
+        self._buffer_size = buffer_size
+        self._fd: int | None = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600
+        )
+        self._flushed = 0
+        self._pending = bytearray()
+        self._rels: list[Relation] = []
+        self._rel_index: dict[int, int] = {}  # id(Relation) -> index in _rels
+
+    def tell(self) -> int:
+        """The offset the next appended record will start at (= the bytes appended so far)."""
+        return self._flushed + len(self._pending)
+
+    @property
+    def size(self) -> int:
+        return self.tell()
+
+    def append(self, record: ChangeRecord) -> None:
+        """Append one record (buffered)."""
+        body = _encode(record, self._relation_ids(record.relations))
+        pending = self._pending
+        pending += _U32.pack(len(body))
+        pending += body
+        if len(pending) >= self._buffer_size:
+            self._flush()
+
+    def truncate(self, offset: int) -> None:
+        """Drop every record appended at or after ``offset`` (a value of :meth:`tell`)."""
+        if offset >= self._flushed:
+            del self._pending[offset - self._flushed :]
+            return
+        self._pending.clear()
+        os.ftruncate(self._writer(), offset)
+        self._flushed = offset
+
+    def finish(self) -> None:
+        """Flush and close for writing; the file stays readable until :meth:`delete`."""
+        if self._fd is not None:
+            self._flush()
+            os.close(self._fd)
+            self._fd = None
+
+    def reader(self) -> Callable[[], Iterator[ChangeRecord]]:
+        """A function returning a fresh iterator over the records (after :meth:`finish`)."""
+        path = self.path
+        rels = tuple(self._rels)
+
+        def read() -> Iterator[ChangeRecord]:
+            return _read(path, rels)
+
+        return read
+
+    def delete(self) -> None:
+        """Close and remove the file; safe to call more than once."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._pending = bytearray()
+        self.path.unlink(missing_ok=True)
+
+    def _writer(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"spill file {self.path} is closed for writing")
+        return self._fd
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        fd = self._writer()
+        view = memoryview(self._pending)
+        while view:
+            view = view[os.write(fd, view) :]
+        view.release()
+        self._flushed += len(self._pending)
+        self._pending.clear()
+
+    def _relation_ids(self, relations: tuple[Relation, ...]) -> list[int]:
+        ids = []
+        for rel in relations:
+            index = self._rel_index.get(id(rel))
+            if index is None:
+                index = self._rel_index[id(rel)] = len(self._rels)
+                self._rels.append(rel)
+            ids.append(index)
+        return ids
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def _encode_tuple(tup: TupleData, out: list[bytes]) -> None:
+    values = tup.values
+    n = len(values)
+    lengths = [-1 if v is None else len(v) for v in values]
+    out.append(_U16.pack(n))
+    out.append(tup.kinds)
+    out.append(struct.pack(f"<{n}i", *lengths))
+    out.extend(v for v in values if v is not None)
+
+
+def _encode(record: ChangeRecord, rel_ids: list[int]) -> bytes:
+    change = record.change
+    xid = change.xid
+    out: list[bytes] = []
+    match change:
+        case Insert():
+            tag = _TAG_INSERT
+            out.append(_U32.pack(change.relation_oid))
+            _encode_tuple(change.new, out)
+        case Update():
+            tag = _TAG_UPDATE
+            out.append(_U32U8.pack(change.relation_oid, _old_kind(change.old_kind)))
+            if change.old is not None:
+                _encode_tuple(change.old, out)
+            _encode_tuple(change.new, out)
+        case Delete():
+            tag = _TAG_DELETE
+            out.append(_U32U8.pack(change.relation_oid, _old_kind(change.old_kind)))
+            _encode_tuple(change.old, out)
+        case Truncate():
+            tag = _TAG_TRUNCATE
+            oids = change.relation_oids
+            out.append(_U8U32.pack(change.options, len(oids)))
+            out.append(struct.pack(f"<{len(oids)}I", *oids))
+        case Message():
+            tag = _TAG_MESSAGE
+            prefix = change.prefix.encode()
+            out.append(_MSG.pack(change.transactional, change.lsn))
+            out.append(_U32.pack(len(prefix)))
+            out.append(prefix)
+            out.append(_U32.pack(len(change.content)))
+            out.append(change.content)
+    head = _HEAD.pack(tag, record.lsn, xid is not None, xid or 0, len(rel_ids))
+    return b"".join((head, struct.pack(f"<{len(rel_ids)}I", *rel_ids), *out))
+
+
+def _old_kind(kind: str | None) -> int:
+    return 0 if kind is None else ord(kind)
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+def _read(path: Path, rels: tuple[Relation, ...]) -> Iterator[ChangeRecord]:
+    with path.open("rb", buffering=DEFAULT_BUFFER_SIZE) as f:
+        read = f.read
+        unpack_len = _U32.unpack
+        while True:
+            head = read(4)
+            if not head:
+                return
+            (length,) = unpack_len(head)
+            body = read(length)
+            if len(body) != length:
+                raise ValueError(f"spill file {path} is truncated")
+            yield _decode(body, rels)
+
+
+def _decode_tuple(body: bytes, pos: int) -> tuple[TupleData, int]:
+    (n,) = _U16.unpack_from(body, pos)
+    pos += 2
+    kinds = body[pos : pos + n]
+    pos += n
+    lengths = struct.unpack_from(f"<{n}i", body, pos)
+    pos += 4 * n
+    values: list[bytes | None] = []
+    for length in lengths:
+        if length < 0:
+            values.append(None)
+        else:
+            values.append(body[pos : pos + length])
+            pos += length
+    return TupleData(kinds, tuple(values)), pos
+
+
+def _decode(body: bytes, rels: tuple[Relation, ...]) -> ChangeRecord:
+    tag, lsn, has_xid, raw_xid, nrel = _HEAD.unpack_from(body, 0)
+    pos = _HEAD.size
+    relations = tuple(rels[i] for i in struct.unpack_from(f"<{nrel}I", body, pos))
+    pos += 4 * nrel
+    xid = raw_xid if has_xid else None
+    change: Change
+    if tag == _TAG_INSERT:
+        (oid,) = _U32.unpack_from(body, pos)
+        new, pos = _decode_tuple(body, pos + 4)
+        change = Insert(xid, oid, new)
+    elif tag == _TAG_UPDATE:
+        oid, old_kind = _U32U8.unpack_from(body, pos)
+        pos += _U32U8.size
+        old: TupleData | None = None
+        if old_kind:
+            old, pos = _decode_tuple(body, pos)
+        new, pos = _decode_tuple(body, pos)
+        change = Update(xid, oid, chr(old_kind) if old_kind else None, old, new)
+    elif tag == _TAG_DELETE:
+        oid, old_kind = _U32U8.unpack_from(body, pos)
+        old_tuple, pos = _decode_tuple(body, pos + _U32U8.size)
+        change = Delete(xid, oid, chr(old_kind), old_tuple)
+    elif tag == _TAG_TRUNCATE:
+        options, n = _U8U32.unpack_from(body, pos)
+        pos += _U8U32.size
+        change = Truncate(xid, options, struct.unpack_from(f"<{n}I", body, pos))
+    elif tag == _TAG_MESSAGE:
+        transactional, msg_lsn = _MSG.unpack_from(body, pos)
+        pos += _MSG.size
+        (plen,) = _U32.unpack_from(body, pos)
+        prefix = body[pos + 4 : pos + 4 + plen].decode()
+        pos += 4 + plen
+        (clen,) = _U32.unpack_from(body, pos)
+        content = body[pos + 4 : pos + 4 + clen]
+        change = Message(xid, bool(transactional), msg_lsn, prefix, content)
+    else:
+        raise ValueError(f"spill record with unknown tag {tag}")
+    return ChangeRecord(lsn, change, relations)
