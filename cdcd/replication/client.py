@@ -1,0 +1,687 @@
+"""The replication connection: the only socket code between cdcd and the walsender.
+
+PostgreSQL docs, "Streaming Replication Protocol" (protocol section 55.4), "SSL Session
+Encryption" (55.2.10), libpq "SSL Support" (34.19). asyncpg cannot run START_REPLICATION's
+CopyBoth stream, so this module drives the sans-I/O :class:`cdcd.wire.session.Session` over an
+asyncio transport (plain ``asyncio`` or ``uvloop``)::
+
+    socket ──bytes──▶ _Protocol.data_received ──▶ Session (MessageReader) ──events──▶ client
+    client ──frontend bytes (query, CopyData 'r', CopyDone, Terminate)──▶ transport.write
+
+Backpressure: bytes go straight into the session's buffer; past ``HIGH_WATER`` buffered bytes
+the transport stops reading until :meth:`ReplicationClient.messages` has consumed them, so a
+slow consumer holds the server back through TCP instead of growing memory.
+
+Feedback: positions come from :meth:`ReplicationClient.set_positions` and only move forward
+(:class:`cdcd.lsn.Progress`). A standby status update is sent every ``status_interval`` seconds
+by a background task (also while the consumer is busy), at once when a keepalive asks for a
+reply (before that keepalive is yielded), and on :meth:`send_status`. The flush position is
+never more than the caller said is durable.
+
+Errors: server errors become cdcd errors in :func:`cdcd.wire.session.source_error`; socket
+errors, EOF and timeouts become :class:`TransientSourceError`; certificate verification
+failures and missing TLS under ``sslmode=require`` or stricter are :class:`DefiniteSourceError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+
+from cdcd.errors import (
+    ConfigError,
+    DefiniteSourceError,
+    LocalProtocolError,
+    RemoteProtocolError,
+    TransientSourceError,
+)
+from cdcd.lsn import Progress, format_lsn, parse_lsn, unix_to_pg_us
+from cdcd.wire import frontend
+from cdcd.wire import session as wire
+from cdcd.wire.dsn import ConnParams, ssl_context
+from cdcd.wire.replication import (
+    PrimaryKeepalive,
+    XLogData,
+    parse_copy_data,
+    standby_status_update,
+)
+from cdcd.wire.session import SlotExists, source_error
+
+__all__ = [
+    "ReplicationClient",
+    "SlotCreated",
+    "SlotExists",
+    "SystemInfo",
+    "publication_names_option",
+    "start_replication_sql",
+]
+
+log = structlog.get_logger("cdcd.replication")
+
+#: Stop reading the socket while this many received bytes wait to be consumed.
+HIGH_WATER = 4 * 1024 * 1024
+
+_COPY_STATES = (wire.State.COPY_BOTH, wire.State.COPY_SERVER_DONE)
+
+
+@dataclass(frozen=True, slots=True)
+class SystemInfo:
+    """IDENTIFY_SYSTEM: cluster id, timeline, current WAL flush position, database."""
+
+    systemid: str
+    timeline: int
+    xlogpos: int
+    dbname: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCreated:
+    """CREATE_REPLICATION_SLOT's answer."""
+
+    slot_name: str
+    consistent_point: int
+    snapshot_name: str | None
+    output_plugin: str | None
+
+
+def publication_names_option(names: str | Sequence[str]) -> str:
+    """The ``publication_names`` value: a comma list of quoted identifiers."""
+    if isinstance(names, str):
+        names = [names]
+    if not names:
+        raise ConfigError("publication_names: at least one publication is needed")
+    return ",".join(frontend.quote_ident(n) for n in names)
+
+
+def start_replication_sql(
+    slot: str, start_lsn: int, options: Mapping[str, str | Sequence[str]]
+) -> str:
+    """``START_REPLICATION SLOT "slot" LOGICAL X/Y ("name" 'value', ...)``.
+
+    Option names are quoted identifiers, values string literals. ``publication_names`` given
+    as a list is formatted with :func:`publication_names_option`; given as a string it is used
+    as is (so callers may pass ``'"pub"'`` already quoted; an unquoted name is folded to lower
+    case by the server).
+    """
+    parts = []
+    for name, value in options.items():
+        if not isinstance(value, str):
+            value = publication_names_option(value)
+        parts.append(f"{frontend.quote_ident(name)} {frontend.quote_literal(value)}")
+    sql = f"START_REPLICATION SLOT {frontend.quote_ident(slot)} LOGICAL {format_lsn(start_lsn)}"
+    return f"{sql} ({', '.join(parts)})" if parts else sql
+
+
+def create_slot_sql(
+    name: str,
+    server_version: int,
+    *,
+    two_phase: bool = False,
+    snapshot: Literal["nothing", "export", "use"] = "nothing",
+    temporary: bool = False,
+) -> str:
+    """CREATE_REPLICATION_SLOT for pgoutput, in the syntax the server version understands."""
+    head = f"CREATE_REPLICATION_SLOT {frontend.quote_ident(name)}"
+    if temporary:
+        head += " TEMPORARY"
+    head += " LOGICAL pgoutput"
+    if snapshot not in ("nothing", "export", "use"):
+        raise ConfigError(f"snapshot must be nothing, export or use, not {snapshot!r}")
+    if server_version >= 150000:
+        opts = [f"SNAPSHOT {frontend.quote_literal(snapshot)}"]
+        if two_phase:
+            opts.insert(0, "TWO_PHASE true")
+        return f"{head} ({', '.join(opts)})"
+    if two_phase:
+        raise ConfigError(
+            f"two_phase slots need PostgreSQL 15 or later (the server is {server_version // 10000})"
+        )
+    keyword = {"nothing": "NOEXPORT_SNAPSHOT", "export": "EXPORT_SNAPSHOT", "use": "USE_SNAPSHOT"}
+    return f"{head} {keyword[snapshot]}"
+
+
+class _Protocol(asyncio.Protocol):
+    """Moves bytes between the transport and the session; pauses reading past HIGH_WATER."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.raw = bytearray()  # before the session is attached (the SSLRequest answer)
+        self.session: wire.Session | None = None
+        self.lost: OSError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        session = self.session
+        if session is None:
+            self.raw += data
+            buffered = len(self.raw)
+        else:
+            session.receive_data(data)
+            buffered = session.buffered
+        if buffered >= HIGH_WATER and not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._lose(ConnectionResetError("the server closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lose(exc or ConnectionResetError("the connection was closed"))
+
+    def _lose(self, exc: BaseException) -> None:
+        if self.lost is None:
+            self.lost = exc if isinstance(exc, OSError) else ConnectionResetError(str(exc))
+        self._wake()
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_data(self) -> None:
+        """Wait until more bytes arrived (resuming reading) or the connection is lost."""
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        if self.lost is not None:
+            raise self.lost
+        self._waiter = self._loop.create_future()
+        await self._waiter
+        if (
+            self.lost is not None
+            and not self.raw
+            and (self.session is None or not self.session.buffered)
+        ):
+            raise self.lost
+
+    async def drain(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+        if self._writing_paused:
+            self._drain_waiter = self._loop.create_future()
+            await self._drain_waiter
+            if self.lost is not None:
+                raise self.lost
+
+
+class ReplicationClient:
+    """A logical replication connection (``replication=database``) to one server."""
+
+    def __init__(
+        self,
+        params: ConnParams,
+        protocol: _Protocol,
+        session: wire.Session,
+        *,
+        status_interval: float,
+    ) -> None:
+        self.params = params
+        self._protocol = protocol
+        self._session = session
+        self.status_interval = status_interval
+        self._written = Progress()
+        self._flushed = Progress()
+        self._applied = Progress()
+        self._last_status = 0.0
+        self._status_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.tls = False
+
+    def __repr__(self) -> str:
+        return f"ReplicationClient({self.params.describe()}, state={self._session.state.value})"
+
+    # ------------------------------------------------------------------ connecting
+
+    @classmethod
+    async def connect(
+        cls,
+        params: ConnParams,
+        *,
+        application_name: str | None = None,
+        extra_gucs: Mapping[str, str] | None = None,
+        connect_timeout: float | None = None,
+        status_interval: float = 10.0,
+    ) -> ReplicationClient:
+        """Open, encrypt as ``params.sslmode`` says, authenticate, wait for ReadyForQuery.
+
+        ``application_name`` defaults to the DSN's, else ``cdcd``; ``connect_timeout`` to the
+        DSN's, else 10 s; it bounds the whole start-up (TCP, TLS, authentication).
+        """
+        timeout = connect_timeout if connect_timeout is not None else params.connect_timeout or 10.0
+        name = application_name or params.application_name or "cdcd"
+        try:
+            async with asyncio.timeout(timeout):
+                return await cls._connect(params, name, extra_gucs, status_interval)
+        except TimeoutError:
+            raise TransientSourceError(
+                f"timed out after {timeout:g}s connecting to {params.describe()}"
+            ) from None
+
+    @classmethod
+    async def _connect(
+        cls,
+        params: ConnParams,
+        application_name: str,
+        extra_gucs: Mapping[str, str] | None,
+        status_interval: float,
+    ) -> ReplicationClient:
+        use_tls = params.sslmode != "disable" and not params.is_unix_socket
+        if use_tls:
+            try:
+                return await cls._attempt(
+                    params, application_name, extra_gucs, status_interval, True
+                )
+            except _TlsHandshakeFailed as exc:
+                if params.sslmode not in ("allow", "prefer"):
+                    raise exc.error from exc.__cause__
+                log.info("TLS handshake failed, retrying without TLS", error=str(exc.error))
+        return await cls._attempt(params, application_name, extra_gucs, status_interval, False)
+
+    @classmethod
+    async def _attempt(
+        cls,
+        params: ConnParams,
+        application_name: str,
+        extra_gucs: Mapping[str, str] | None,
+        status_interval: float,
+        try_tls: bool,
+    ) -> ReplicationClient:
+        loop = asyncio.get_running_loop()
+        protocol = _Protocol(loop)
+        try:
+            if params.is_unix_socket:
+                await loop.create_unix_connection(lambda: protocol, params.socket_path)
+            else:
+                await loop.create_connection(
+                    lambda: protocol, params.hostaddr or params.host, params.port
+                )
+        except OSError as exc:
+            raise TransientSourceError(f"cannot connect to {params.describe()}: {exc}") from exc
+        assert protocol.transport is not None
+        client: ReplicationClient | None = None
+        try:
+            sock = protocol.transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            tls = False
+            if try_tls:
+                tls = await cls._negotiate_tls(loop, protocol, params)
+            session = wire.Session(
+                user=params.user,
+                database=params.dbname,
+                password=params.password,
+                application_name=application_name,
+                extra_gucs=extra_gucs,
+                options=params.options,
+            )
+            protocol.session = session
+            client = cls(params, protocol, session, status_interval=status_interval)
+            client.tls = tls
+            client._write(session.start())
+            await client._startup()
+            return client
+        except BaseException:
+            if protocol.transport is not None:
+                protocol.transport.abort()
+            raise
+
+    @staticmethod
+    async def _negotiate_tls(
+        loop: asyncio.AbstractEventLoop, protocol: _Protocol, params: ConnParams
+    ) -> bool:
+        """SSLRequest; on 'S' wrap the transport in TLS. Returns whether TLS is on."""
+        assert protocol.transport is not None
+        context = ssl_context(params)
+        assert context is not None
+        protocol.transport.write(frontend.ssl_request())
+        try:
+            while not protocol.raw:
+                await protocol.wait_data()
+        except OSError as exc:
+            raise TransientSourceError(
+                f"connection to {params.describe()} lost during TLS negotiation: {exc}"
+            ) from exc
+        answer = bytes(protocol.raw)
+        protocol.raw.clear()
+        if answer == frontend.SSL_REFUSED:
+            if params.sslmode in ("allow", "prefer"):
+                return False
+            raise DefiniteSourceError(
+                f"the server at {params.describe()} does not support TLS but "
+                f"sslmode={params.sslmode}: enable ssl on the server or lower sslmode"
+            )
+        if answer != frontend.SSL_ACCEPTED:
+            # More than the one byte means someone injected plaintext (CVE-2021-23222).
+            raise RemoteProtocolError(
+                f"unexpected answer {answer[:16]!r} to SSLRequest from {params.describe()}"
+            )
+        try:
+            new_transport = await loop.start_tls(
+                protocol.transport,
+                protocol,
+                context,
+                server_hostname=params.host,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            raise DefiniteSourceError(
+                f"TLS certificate verification failed for {params.describe()} "
+                f"(sslmode={params.sslmode}): {exc.verify_message or exc}. Check sslrootcert and "
+                "that the server certificate names this host"
+            ) from exc
+        except (ssl.SSLError, OSError) as exc:
+            raise _TlsHandshakeFailed(
+                TransientSourceError(f"TLS handshake with {params.describe()} failed: {exc}")
+            ) from exc
+        if new_transport is None:
+            raise TransientSourceError(f"TLS handshake with {params.describe()} failed")
+        assert isinstance(new_transport, asyncio.Transport)
+        protocol.transport = new_transport
+        return True
+
+    async def _startup(self) -> None:
+        session = self._session
+        while True:
+            event = await self._next_event()
+            pending = session.data_to_send()
+            if pending:
+                self._write(pending)
+            if isinstance(event, wire.ErrorResponse):
+                raise source_error(event.fields, user=self.params.user)
+            if isinstance(event, wire.ReadyForQuery):
+                return
+            if isinstance(event, wire.NoticeResponse):
+                log.info("server notice", notice=str(event.fields))
+
+    # ------------------------------------------------------------------ I/O helpers
+
+    def _write(self, data: bytes) -> None:
+        transport = self._protocol.transport
+        if transport is None or self._protocol.lost is not None or transport.is_closing():
+            raise TransientSourceError(
+                f"the replication connection to {self.params.describe()} is closed"
+            )
+        transport.write(data)
+
+    async def _next_event(self) -> wire.Event:
+        session = self._session
+        while (event := session.next_event()) is None:
+            try:
+                await self._protocol.wait_data()
+            except OSError as exc:
+                raise TransientSourceError(
+                    f"replication connection to {self.params.describe()} lost: {exc}"
+                ) from exc
+        return event
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def server_version(self) -> int:
+        """``server_version_num`` of the server, e.g. 180006."""
+        return self._session.server_version
+
+    @property
+    def backend_pid(self) -> int | None:
+        return self._session.backend_pid
+
+    async def _query(self, sql: str) -> tuple[tuple[str, ...], list[list[str | None]]]:
+        self._write(self._session.send_query(sql))
+        columns: tuple[str, ...] = ()
+        rows: list[list[str | None]] = []
+        error: wire.ServerMessage | None = None
+        while True:
+            event = await self._next_event()
+            if isinstance(event, wire.DataRow):
+                rows.append(list(event.values))
+            elif isinstance(event, wire.RowDescription):
+                columns = event.columns
+            elif isinstance(event, wire.ErrorResponse):
+                error = event.fields
+            elif isinstance(event, wire.ReadyForQuery):
+                break
+            elif isinstance(event, wire.NoticeResponse):
+                log.info("server notice", notice=str(event.fields))
+            elif isinstance(event, wire.CopyBothResponse):
+                raise LocalProtocolError(f"{sql[:60]!r} started a COPY; use start_replication")
+        if error is not None:
+            raise source_error(error, user=self.params.user, context=_summary(sql))
+        return columns, rows
+
+    async def simple_query(self, sql: str) -> list[list[str | None]]:
+        """Run one command with the simple query protocol; rows of text (None for NULL)."""
+        return (await self._query(sql))[1]
+
+    async def identify_system(self) -> SystemInfo:
+        columns, rows = await self._query("IDENTIFY_SYSTEM")
+        row = dict(zip(columns, rows[0], strict=True))
+        return SystemInfo(
+            systemid=row["systemid"] or "",
+            timeline=int(row["timeline"] or 0),
+            xlogpos=parse_lsn(row["xlogpos"] or "0/0"),
+            dbname=row.get("dbname"),
+        )
+
+    async def create_slot(
+        self,
+        name: str,
+        *,
+        two_phase: bool = False,
+        snapshot: Literal["nothing", "export", "use"] = "nothing",
+        temporary: bool = False,
+    ) -> SlotCreated:
+        """Create a pgoutput slot; :class:`SlotExists` if one of that name exists."""
+        sql = create_slot_sql(
+            name, self.server_version, two_phase=two_phase, snapshot=snapshot, temporary=temporary
+        )
+        columns, rows = await self._query(sql)
+        row = dict(zip(columns, rows[0], strict=True))
+        return SlotCreated(
+            slot_name=row.get("slot_name") or name,
+            consistent_point=parse_lsn(row.get("consistent_point") or "0/0"),
+            snapshot_name=row.get("snapshot_name"),
+            output_plugin=row.get("output_plugin"),
+        )
+
+    async def drop_slot(self, name: str, wait: bool = True) -> None:
+        """DROP_REPLICATION_SLOT; with ``wait`` (13+) it waits for an active consumer to go."""
+        sql = f"DROP_REPLICATION_SLOT {frontend.quote_ident(name)}"
+        if wait and self.server_version >= 130000:
+            sql += " WAIT"
+        await self._query(sql)
+
+    # ------------------------------------------------------------------ streaming
+
+    async def start_replication(
+        self, slot: str, start_lsn: int, options: Mapping[str, str | Sequence[str]]
+    ) -> None:
+        """START_REPLICATION; returns once the server switched to CopyBoth.
+
+        ``start_lsn`` 0 means "from the slot's confirmed position". Errors the server reports
+        later (a missing publication is noticed while decoding) come from :meth:`messages`.
+        """
+        sql = start_replication_sql(slot, start_lsn, options)
+        self._write(self._session.send_query(sql))
+        error: wire.ServerMessage | None = None
+        while True:
+            event = await self._next_event()
+            if isinstance(event, wire.CopyBothResponse):
+                break
+            if isinstance(event, wire.ErrorResponse):
+                error = event.fields
+            elif isinstance(event, wire.ReadyForQuery):
+                if error is None:
+                    raise RemoteProtocolError("START_REPLICATION ended without CopyBothResponse")
+                raise source_error(error, user=self.params.user, context=f"slot {slot!r}")
+            elif isinstance(event, wire.NoticeResponse):
+                log.info("server notice", notice=str(event.fields))
+        self._last_status = time.monotonic()
+        self._status_task = asyncio.get_running_loop().create_task(
+            self._status_loop(), name=f"cdcd-status-{slot}"
+        )
+
+    async def messages(self) -> AsyncIterator[XLogData | PrimaryKeepalive]:
+        """The CopyBoth stream: XLogData and keepalives, pulled one at a time.
+
+        A keepalive asking for a reply is answered before it is yielded. The server ending
+        the stream, or any error, raises (the stream never just stops).
+        """
+        session = self._session
+        protocol = self._protocol
+        while True:
+            event = session.next_event()
+            if event is None:
+                try:
+                    await protocol.wait_data()
+                except OSError as exc:
+                    raise TransientSourceError(
+                        f"replication connection to {self.params.describe()} lost: {exc}"
+                    ) from exc
+                continue
+            if type(event) is wire.CopyData:
+                message = parse_copy_data(event.payload)
+                if type(message) is PrimaryKeepalive and message.reply_requested:
+                    await self.send_status()
+                yield message
+            elif isinstance(event, wire.ErrorResponse):
+                raise source_error(
+                    event.fields, user=self.params.user, context="replication stream"
+                )
+            elif isinstance(event, wire.CopyDone):
+                with contextlib.suppress(Exception):
+                    await self.send_status()
+                    self._write(session.send_copy_done())
+                raise TransientSourceError(
+                    f"the server at {self.params.describe()} ended the replication stream "
+                    "(shutting down?); will reconnect"
+                )
+            elif isinstance(event, wire.NoticeResponse):
+                log.info("server notice", notice=str(event.fields))
+
+    def set_positions(self, *, written: int, flushed: int, applied: int | None = None) -> None:
+        """Positions the next status updates report; each only moves forward.
+
+        ``flushed`` must be durable (everything up to it is safe in every sink): the server
+        may discard WAL up to it. ``applied`` defaults to ``flushed``.
+        """
+        self._written.advance(written)
+        self._flushed.advance(flushed)
+        self._applied.advance(flushed if applied is None else applied)
+
+    @property
+    def positions(self) -> tuple[int, int, int]:
+        """(written, flushed, applied) as the next status update reports them."""
+        return self._written.value, self._flushed.value, self._applied.value
+
+    async def send_status(self, reply_requested: bool = False) -> None:
+        """Send a standby status update now. Outside the stream there is nothing to report:
+        it does nothing."""
+        if self._session.state not in _COPY_STATES or self._protocol.lost is not None:
+            return
+        payload = standby_status_update(
+            max(self._written.value, self._flushed.value),
+            self._flushed.value,
+            self._applied.value,
+            unix_to_pg_us(time.time_ns() // 1000),
+            reply_requested,
+        )
+        self._write(self._session.send_copy_data(payload))
+        self._last_status = time.monotonic()
+        try:
+            await self._protocol.drain()
+        except OSError as exc:
+            raise TransientSourceError(
+                f"replication connection to {self.params.describe()} lost: {exc}"
+            ) from exc
+
+    async def _status_loop(self) -> None:
+        interval = self.status_interval
+        while self._session.state in _COPY_STATES and self._protocol.lost is None:
+            await asyncio.sleep(max(0.05, self._last_status + interval - time.monotonic()))
+            if time.monotonic() - self._last_status >= interval:
+                try:
+                    await self.send_status()
+                except Exception:  # the reading side reports what went wrong
+                    return
+
+    # ------------------------------------------------------------------ closing
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Report positions, end the stream (CopyDone), say goodbye (Terminate), close.
+
+        Waits at most ``timeout`` seconds for the server to end the stream; data that still
+        arrives is discarded (it was never confirmed, so the server sends it again).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        task, self._status_task = self._status_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        transport = self._protocol.transport
+        try:
+            if self._session.state in _COPY_STATES and self._protocol.lost is None:
+                await self.send_status()
+                self._write(self._session.send_copy_done())
+                async with asyncio.timeout(timeout):
+                    while not isinstance(await self._next_event(), wire.ReadyForQuery):
+                        pass
+            if self._protocol.lost is None:
+                self._write(self._session.send_terminate())
+        except (Exception, TimeoutError):
+            pass
+        finally:
+            if transport is not None:
+                transport.close()
+
+    async def __aenter__(self) -> ReplicationClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class _TlsHandshakeFailed(Exception):
+    """Internal: the TLS handshake failed in a way ``sslmode=prefer`` may retry without TLS."""
+
+    def __init__(self, error: TransientSourceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _summary(sql: str) -> str:
+    first = sql.split("(", 1)[0].strip()
+    return first if len(first) <= 80 else first[:77] + "..."
