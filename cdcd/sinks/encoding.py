@@ -5,8 +5,6 @@ CONTRACT.md §3. Every sink receives the same :class:`ChangeEvent` objects, so p
 and per representation (JSON-ready for JSON Lines and Kafka, native for Parquet), with
 per-relation precomputed converters from :mod:`cdcd.decoder.types`.
 
-INTERFACE (fixed; implementation in progress):
-
 ``ChangeEvent`` attributes:
     op: str                 "c" "u" "d" "r" "t" "m"
     schema: str | None      None for logical messages
@@ -17,6 +15,7 @@ INTERFACE (fixed; implementation in progress):
     seq: int                0-based index within the transaction (after key-change splits)
     xid: int | None
     commit_time: int        PostgreSQL-epoch microseconds
+    ts_ms: int              processing time (Unix ms), taken when the event was made
     position -> (commit_lsn, seq)
 methods:
     key() -> dict | None          replica-identity (primary key) columns, JSON-ready
@@ -25,7 +24,602 @@ methods:
     value_json() -> bytes         orjson of value()
     record_json() -> bytes        value plus top-level "key": one JSON Lines line (no newline)
     native_row(which) -> dict | None   "before"/"after" with native Python values (Parquet)
+    source() -> dict              the value's ``source`` block
+    unchanged_toast() -> list[str]  columns whose value PostgreSQL did not send
+    key_names -> tuple[str, ...] | None, catalog -> Catalog
 
-``Encoder(context: SinkContext, catalog: Catalog)``:
+``Encoder(context: SinkContext, catalog: Catalog, clock=time.time)``:
     events(txn: Transaction) -> Iterator[ChangeEvent]
+    batches(txn, max_events=1000) -> Iterator[list[ChangeEvent]]
+    snapshot_events(relation, rows, *, commit_lsn, commit_time, first_seq=0, xid=None,
+                    last=False) -> Iterator[ChangeEvent]          (op "r")
+    schema_info(relation) -> dict                                 (the file sink's _schema files)
+
+Rules the encoder implements (CONTRACT §3):
+
+- ``seq`` counts the events of a transaction from 0, after splitting. ``transaction.total_order``
+  is ``seq + 1``; ``data_collection_order`` counts 1.. per table (logical messages count as one
+  collection of their own).
+- An Update whose key values differ between the old image (``K`` or ``O``) and the new row is
+  a delete of the old key followed by a create of the new key. Key columns whose old value is
+  unknown (``n`` in a ``K`` image: not part of the replica identity) or unchanged TOAST are
+  not compared.
+- ``before`` is the old image when the server sent one: ``O`` the whole row, ``K`` the key
+  columns with the other columns null (Debezium's shape); otherwise null.
+- Unchanged TOAST (``u``) columns of the new row are filled from an ``O`` image when it carries
+  them; otherwise they are ``"__debezium_unavailable_value"`` (None in native rows) and listed
+  in ``source.unchanged_toast``.
+- ``key()``: the catalog's key columns taken from the new row (the old row for deletes), null
+  when the table has none. Truncates have no key; logical messages have ``{"prefix": ...}``
+  (Debezium's message key).
+- A Truncate of several tables is one op ``t`` event per table, consecutive, each with
+  ``source.truncate = {"cascade", "restart_identity"}``.
+- Logical messages are op ``m`` with ``message = {"prefix", "content": base64}`` and
+  ``source.transactional``. A non-transactional one (a Transaction of kind ``"message"``) has
+  position ``(its LSN, 0)``, ``source.txId`` null and ``transaction`` null.
+- ``source.sequence`` is the JSON string ``["<previous lsn>","<lsn>"]`` like Debezium's, where
+  the previous LSN is that of the previous event of the same transaction, and null for the
+  first event (as Debezium writes when it knows no earlier position). It is a pure function of
+  the transaction, so a resent transaction gets identical values.
+- ``source.ts_ms``/``ts_us`` are the commit time; the top-level ``ts_ms`` is processing time.
 """
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
+
+import orjson
+
+from cdcd import __version__
+from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.decoder.events import (
+    KIND_NULL,
+    KIND_UNCHANGED_TOAST,
+    Delete,
+    Insert,
+    Message,
+    Relation,
+    Truncate,
+    TupleData,
+    Update,
+)
+from cdcd.decoder.types import UNCHANGED_TOAST, RowDecoder
+from cdcd.lsn import pg_to_unix_us
+from cdcd.sinks.base import SinkContext
+from cdcd.sinks.catalog import Catalog, schema_name
+
+__all__ = ["UNCHANGED_TOAST", "ChangeEvent", "Encoder"]
+
+Row = dict[str, Any]
+
+_RELATION_CACHE_LIMIT = 4096
+
+
+class _RelInfo:
+    """Per-relation precomputation: names, key columns and lazily built row decoders."""
+
+    __slots__ = (
+        "_json",
+        "_native",
+        "_schema_info",
+        "catalog",
+        "key_idx",
+        "key_names",
+        "relation",
+        "schema",
+        "table",
+    )
+
+    def __init__(self, relation: Relation, catalog: Catalog) -> None:
+        self.relation = relation
+        self.catalog = catalog
+        self.schema = schema_name(relation)
+        self.table = relation.name
+        names = [c.name for c in relation.columns]
+        keys = catalog.key_columns(relation)
+        # A key column left out of a publication's column list cannot be part of the key.
+        present = tuple(k for k in keys or () if k in names)
+        self.key_names: tuple[str, ...] | None = present or None
+        self.key_idx: tuple[int, ...] = tuple(names.index(k) for k in present)
+        self._json: RowDecoder | None = None
+        self._native: RowDecoder | None = None
+        self._schema_info: dict[str, Any] | None = None
+
+    def decoder(self, native: bool) -> RowDecoder:
+        if native:
+            if self._native is None:
+                self._native = RowDecoder(self.relation, self.catalog.types, "native")
+            return self._native
+        if self._json is None:
+            self._json = RowDecoder(self.relation, self.catalog.types, "json")
+        return self._json
+
+    def schema_info(self) -> dict[str, Any]:
+        if self._schema_info is None:
+            rel = self.relation
+            keys = set(self.key_names or ())
+            types = self.catalog.types
+            self._schema_info = {
+                "schema": self.schema,
+                "table": self.table,
+                "relation_oid": rel.oid,
+                "replica_identity": rel.replica_identity,
+                "key": list(self.key_names) if self.key_names else None,
+                "columns": [
+                    {
+                        "name": c.name,
+                        "type": types.type_name(c.type_oid),
+                        "type_oid": c.type_oid,
+                        "typmod": c.typmod,
+                        "key": c.name in keys,
+                    }
+                    for c in rel.columns
+                ],
+            }
+        return self._schema_info
+
+
+#: what one change becomes, per event: (op, table, before, after, TOAST fill image, extra)
+_Parts = tuple[str, _RelInfo | None, TupleData | None, TupleData | None, TupleData | None, Any]
+
+
+class _TxnInfo:
+    """What the events of one transaction share, and the source blocks built from it."""
+
+    __slots__ = (
+        "_sources",
+        "commit_lsn",
+        "commit_time",
+        "context",
+        "origin",
+        "transactional",
+        "ts_ms",
+        "ts_us",
+        "txid",
+        "xid",
+    )
+
+    def __init__(
+        self,
+        context: SinkContext,
+        xid: int | None,
+        commit_lsn: int,
+        commit_time: int,
+        origin: str | None,
+        transactional: bool,
+    ) -> None:
+        self.context = context
+        self.xid = xid
+        self.commit_lsn = commit_lsn
+        self.commit_time = commit_time
+        self.origin = origin
+        self.transactional = transactional
+        self.ts_us = pg_to_unix_us(commit_time)
+        self.ts_ms = self.ts_us // 1000
+        self.txid = f"{xid}:{commit_lsn}" if transactional else None
+        self._sources: dict[tuple[int, str], Row] = {}
+
+    def source_base(self, rel: _RelInfo | None, snapshot: str) -> Row:
+        """The source fields shared by this transaction's events on one table (cached)."""
+        cache_key = (id(rel), snapshot)
+        base = self._sources.get(cache_key)
+        if base is None:
+            base = {
+                "version": __version__,
+                "connector": "postgresql",
+                "name": self.context.name,
+                "db": self.context.database,
+                "schema": rel.schema if rel is not None else None,
+                "table": rel.table if rel is not None else None,
+                "ts_ms": self.ts_ms,
+                "ts_us": self.ts_us,
+                "snapshot": snapshot,
+                "txId": self.xid,
+                "lsn": None,
+                "sequence": None,
+                "xmin": None,
+                "commit_lsn": self.commit_lsn,
+                "seq": None,
+            }
+            if self.origin is not None:
+                base["origin"] = self.origin
+            self._sources[cache_key] = base
+        return base
+
+
+_UNSET: Any = object()
+
+
+class ChangeEvent:
+    """One change event (CONTRACT §3). Cheap to make; values are built on first request and
+    cached, so every sink sees the same bytes."""
+
+    __slots__ = (
+        "_after_tup",
+        "_before_tup",
+        "_dco",
+        "_extra",
+        "_fill_tup",
+        "_json_rows",
+        "_key",
+        "_native_rows",
+        "_prev_lsn",
+        "_rel",
+        "_snapshot",
+        "_source",
+        "_txn",
+        "_value",
+        "commit_lsn",
+        "commit_time",
+        "lsn",
+        "op",
+        "relation",
+        "schema",
+        "seq",
+        "table",
+        "ts_ms",
+        "xid",
+    )
+
+    def __init__(
+        self,
+        op: str,
+        rel: _RelInfo | None,
+        txn: _TxnInfo,
+        lsn: int,
+        seq: int,
+        dco: int,
+        prev_lsn: int | None,
+        ts_ms: int,
+        before: TupleData | None = None,
+        after: TupleData | None = None,
+        fill: TupleData | None = None,
+        extra: Any = None,
+        snapshot: str = "false",
+    ) -> None:
+        self.op = op
+        self._rel = rel
+        self._txn = txn
+        if rel is not None:
+            self.relation: Relation | None = rel.relation
+            self.schema: str | None = rel.schema
+            self.table: str | None = rel.table
+        else:
+            self.relation = self.schema = self.table = None
+        self.lsn = lsn
+        self.commit_lsn = txn.commit_lsn
+        self.seq = seq
+        self.xid = txn.xid
+        self.commit_time = txn.commit_time
+        self.ts_ms = ts_ms
+        self._dco = dco
+        self._prev_lsn = prev_lsn
+        self._before_tup = before
+        self._after_tup = after
+        self._fill_tup = fill
+        self._extra = extra  # Truncate flags, or the Message
+        self._snapshot = snapshot
+        self._json_rows: tuple[Row | None, Row | None, list[str]] | None = None
+        self._native_rows: tuple[Row | None, Row | None, list[str]] | None = None
+        self._key: Row | None = _UNSET
+        self._source: Row | None = None
+        self._value: Row | None = None
+
+    def __repr__(self) -> str:
+        where = f"{self.schema}.{self.table}" if self.table is not None else "message"
+        return f"<ChangeEvent {self.op} {where} at ({self.commit_lsn:X}, {self.seq})>"
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.commit_lsn, self.seq)
+
+    @property
+    def key_names(self) -> tuple[str, ...] | None:
+        return self._rel.key_names if self._rel is not None else None
+
+    @property
+    def catalog(self) -> Catalog | None:
+        return self._rel.catalog if self._rel is not None else None
+
+    @property
+    def transactional(self) -> bool:
+        return self._txn.transactional
+
+    # --- rows -------------------------------------------------------------------------------
+
+    def _rows(self, native: bool) -> tuple[Row | None, Row | None, list[str]]:
+        """(before, after, unchanged TOAST columns) in one representation, cached."""
+        rows = self._native_rows if native else self._json_rows
+        if rows is not None:
+            return rows
+        rel = self._rel
+        before = after = None
+        unchanged: list[str] = []
+        if rel is not None:
+            dec = rel.decoder(native)
+            if self._before_tup is not None:
+                before = dec.decode(self._before_tup)
+            new = self._after_tup
+            if new is not None:
+                after = dec.decode(new)
+                if KIND_UNCHANGED_TOAST in new.kinds:
+                    unchanged = self._fill_unchanged(dec, after, new, before)
+        rows = (before, after, unchanged)
+        if native:
+            self._native_rows = rows
+        else:
+            self._json_rows = rows
+        return rows
+
+    def _fill_unchanged(
+        self, dec: RowDecoder, after: Row, new: TupleData, before: Row | None
+    ) -> list[str]:
+        fill = self._fill_tup
+        old: Row | None = None
+        old_kinds = b""
+        if fill is not None:
+            old = before if fill is self._before_tup and before is not None else dec.decode(fill)
+            old_kinds = fill.kinds
+        names = dec.names
+        unchanged = []
+        for i, kind in enumerate(new.kinds):
+            if kind != KIND_UNCHANGED_TOAST:
+                continue
+            name = names[i]
+            if old is not None and i < len(old_kinds) and old_kinds[i] != KIND_UNCHANGED_TOAST:
+                after[name] = old[name]
+            else:
+                unchanged.append(name)
+        return unchanged
+
+    def native_row(self, which: Literal["before", "after"]) -> Row | None:
+        """The old or new row with native Python values (Parquet); unchanged TOAST is None."""
+        before, after, _ = self._rows(True)
+        return before if which == "before" else after
+
+    def unchanged_toast(self) -> list[str]:
+        return self._rows(False)[2]
+
+    # --- key and value ---------------------------------------------------------------------
+
+    def key(self) -> Row | None:
+        key = self._key
+        if key is _UNSET:
+            key = None
+            if self.op == "m":
+                key = {"prefix": self._extra.prefix}
+            elif self._rel is not None and self._rel.key_names is not None and self.op != "t":
+                before, after, _ = self._rows(False)
+                row = after if after is not None else before
+                if row is not None:
+                    key = {name: row[name] for name in self._rel.key_names}
+            self._key = key
+        return key
+
+    def source(self) -> Row:
+        src = self._source
+        if src is None:
+            prev = self._prev_lsn
+            src = self._txn.source_base(self._rel, self._snapshot).copy()
+            src["lsn"] = self.lsn
+            src["sequence"] = f'[null,"{self.lsn}"]' if prev is None else f'["{prev}","{self.lsn}"]'
+            src["seq"] = self.seq
+            op = self.op
+            if op == "t":
+                cascade, restart = self._extra
+                src["truncate"] = {"cascade": cascade, "restart_identity": restart}
+            elif op == "m":
+                src["transactional"] = self._txn.transactional
+            else:
+                unchanged = self._rows(False)[2]
+                if unchanged:
+                    src["unchanged_toast"] = unchanged
+            self._source = src
+        return src
+
+    def _transaction_block(self) -> Row | None:
+        txid = self._txn.txid
+        if txid is None:
+            return None
+        return {"id": txid, "total_order": self.seq + 1, "data_collection_order": self._dco}
+
+    def value(self) -> Row:
+        value = self._value
+        if value is None:
+            if self.op == "m":
+                msg: Message = self._extra
+                value = {
+                    "op": "m",
+                    "ts_ms": self.ts_ms,
+                    "source": self.source(),
+                    "message": {
+                        "prefix": msg.prefix,
+                        "content": base64.b64encode(msg.content).decode("ascii"),
+                    },
+                    "transaction": self._transaction_block(),
+                }
+            else:
+                before, after, _ = self._rows(False)
+                value = {
+                    "before": before,
+                    "after": after,
+                    "source": self.source(),
+                    "op": self.op,
+                    "ts_ms": self.ts_ms,
+                    "transaction": self._transaction_block(),
+                }
+            self._value = value
+        return value
+
+    def key_json(self) -> bytes | None:
+        key = self.key()
+        return None if key is None else orjson.dumps(key)
+
+    def value_json(self) -> bytes:
+        return orjson.dumps(self.value())
+
+    def record_json(self) -> bytes:
+        """One JSON Lines line (without the newline): the value plus a top-level ``key``."""
+        record = self.value().copy()
+        record["key"] = self.key()
+        return orjson.dumps(record)
+
+
+def _key_changed(key_idx: tuple[int, ...], old: TupleData, new: TupleData) -> bool:
+    """Do the key values of the old image differ from the new row's? Columns whose old value
+    is unknown (null in a K image) or unchanged TOAST on either side are not compared."""
+    ok, ov, nk, nv = old.kinds, old.values, new.kinds, new.values
+    for i in key_idx:
+        if i >= len(ok) or i >= len(nk):
+            continue
+        if ok[i] in (KIND_NULL, KIND_UNCHANGED_TOAST) or nk[i] == KIND_UNCHANGED_TOAST:
+            continue
+        if ok[i] != nk[i] or ov[i] != nv[i]:
+            return True
+    return False
+
+
+class Encoder:
+    """Turns transactions into change events for every sink (see the module docstring)."""
+
+    def __init__(
+        self,
+        context: SinkContext,
+        catalog: Catalog,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.context = context
+        self.catalog = catalog
+        self._clock = clock
+        self._rels: dict[int, _RelInfo] = {}
+
+    def _rel(self, relation: Relation) -> _RelInfo:
+        info = self._rels.get(id(relation))
+        if info is None or info.relation is not relation:
+            if len(self._rels) >= _RELATION_CACHE_LIMIT:
+                self._rels.clear()
+            info = _RelInfo(relation, self.catalog)
+            self._rels[id(relation)] = info
+        return info
+
+    def schema_info(self, relation: Relation) -> dict[str, Any]:
+        """The table's columns (name, type name, type oid, typmod, key flag) and key."""
+        return self._rel(relation).schema_info()
+
+    def forget_relations(self) -> None:
+        """Drop the per-relation caches (after a reconnect, when the decoder starts over)."""
+        self._rels.clear()
+
+    def events(self, txn: Transaction) -> Iterator[ChangeEvent]:
+        """The events of ``txn`` in ``seq`` order."""
+        transactional = txn.kind != "message"
+        info = _TxnInfo(
+            self.context,
+            txn.xid if transactional else None,
+            txn.commit_lsn,
+            txn.commit_time,
+            txn.origin,
+            transactional,
+        )
+        clock = self._clock
+        collections: dict[int | None, int] = {}
+        seq = 0
+        prev_lsn: int | None = None
+
+        for record in txn.changes():
+            lsn = record.lsn
+            ts_ms = int(clock() * 1000)
+            for op, rel, before, after, fill, extra in self._split(record, txn):
+                # data_collection_order: per table (by OID); logical messages count under None
+                oid = rel.relation.oid if rel is not None else None
+                dco = collections.get(oid, 0) + 1
+                collections[oid] = dco
+                yield ChangeEvent(
+                    op, rel, info, lsn, seq, dco, prev_lsn, ts_ms, before, after, fill, extra
+                )
+                seq += 1
+                prev_lsn = lsn
+
+    def _split(self, record: ChangeRecord, txn: Transaction) -> tuple[_Parts, ...]:
+        """The events one change becomes: (op, table, before, after, TOAST fill, extra)."""
+        change = record.change
+        if isinstance(change, Insert):
+            return (("c", self._rel(record.relations[0]), None, change.new, None, None),)
+        if isinstance(change, Update):
+            rel = self._rel(record.relations[0])
+            old = change.old
+            fill = old if change.old_kind == "O" else None
+            if old is not None and rel.key_idx and _key_changed(rel.key_idx, old, change.new):
+                return (
+                    ("d", rel, old, None, None, None),
+                    ("c", rel, None, change.new, fill, None),
+                )
+            return (("u", rel, old, change.new, fill, None),)
+        if isinstance(change, Delete):
+            return (("d", self._rel(record.relations[0]), change.old, None, None, None),)
+        if isinstance(change, Truncate):
+            flags = (change.cascade, change.restart_identity)
+            return tuple(("t", self._rel(r), None, None, None, flags) for r in record.relations)
+        if isinstance(change, Message):
+            return (("m", None, None, None, None, change),)
+        raise TypeError(  # pragma: no cover - Change is a closed union
+            f"unexpected change {change!r} in transaction {txn.xid}"
+        )
+
+    def batches(self, txn: Transaction, max_events: int = 1000) -> Iterator[list[ChangeEvent]]:
+        """The events of ``txn`` in lists of at most ``max_events`` (never empty)."""
+        batch: list[ChangeEvent] = []
+        append = batch.append
+        for event in self.events(txn):
+            append(event)
+            if len(batch) >= max_events:
+                yield batch
+                batch = []
+                append = batch.append
+        if batch:
+            yield batch
+
+    def snapshot_events(
+        self,
+        relation: Relation,
+        rows: Iterable[TupleData],
+        *,
+        commit_lsn: int,
+        commit_time: int,
+        first_seq: int = 0,
+        xid: int | None = None,
+        last: bool = False,
+    ) -> Iterator[ChangeEvent]:
+        """Op ``r`` events for rows read by an initial snapshot.
+
+        The snapshot feature chooses the position: typically ``commit_lsn`` = the slot's
+        consistent point and ``seq`` counting every row of the snapshot from ``first_seq``.
+        Events have ``source.snapshot = "true"``; with ``last=True`` the final row is marked
+        ``"last"``. They have no ``transaction`` block; ``lsn`` equals ``commit_lsn``.
+        """
+        info = _TxnInfo(self.context, xid, commit_lsn, commit_time, None, False)
+        rel = self._rel(relation)
+        pending: ChangeEvent | None = None
+        for index, row in enumerate(rows):
+            if pending is not None:
+                yield pending
+            seq = first_seq + index
+            pending = ChangeEvent(
+                "r",
+                rel,
+                info,
+                commit_lsn,
+                seq,
+                index + 1,
+                commit_lsn if index else None,
+                int(self._clock() * 1000),
+                after=row,
+                snapshot="true",
+            )
+        if pending is not None:
+            if last:
+                pending._snapshot = "last"
+            yield pending
