@@ -250,23 +250,14 @@ class PgOutputDecoder:
             raise self._unknown(tag, lsn)
         try:
             return handler(buf, lsn)
-        except RemoteProtocolError:
-            raise
         except (_Truncated, IndexError, struct.error) as exc:
             detail = f": {exc}" if isinstance(exc, _Truncated) else ""
-            raise RemoteProtocolError(
-                f"truncated pgoutput message ({len(buf)} bytes){detail}",
-                tag=_tag_name(tag),
-                lsn=lsn,
-            ) from None
+            why = f"truncated pgoutput message ({len(buf)} bytes){detail}"
         except UnicodeDecodeError as exc:
-            raise RemoteProtocolError(
-                f"string is not valid UTF-8: {exc.reason} at byte {exc.start} of {exc.object!r}",
-                tag=_tag_name(tag),
-                lsn=lsn,
-            ) from None
+            why = f"string is not valid UTF-8: {exc.reason} at byte {exc.start} of {exc.object!r}"
         except _Malformed as exc:
-            raise RemoteProtocolError(str(exc), tag=_tag_name(tag), lsn=lsn) from None
+            why = str(exc)
+        raise RemoteProtocolError(why, tag=_tag_name(tag), lsn=lsn)
 
     # --- helpers -------------------------------------------------------------------------
 
