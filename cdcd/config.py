@@ -32,7 +32,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import yaml
@@ -43,6 +43,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -52,6 +53,7 @@ from cdcd.log import mask_dsn, mask_secrets, register_secret
 from cdcd.sinks.base import Sink
 from cdcd.sinks.registry import available_sink_types, load_sink_class
 from cdcd.units import ByteSize, ConfigPath, Duration, parse_duration
+from cdcd.wire.dsn import parse_dsn
 
 __all__ = [
     "BufferConfig",
@@ -156,6 +158,10 @@ class SourceConfig(_Model):
             raise ValueError(
                 "not a connection string (use postgresql://... or host=... dbname=...)"
             )
+        try:  # the parser the connection code uses: unknown keywords, bad quoting, bad port
+            parse_dsn(text, environ={}, use_passfile=False)
+        except ConfigError as exc:
+            raise ValueError(mask_secrets(str(exc))) from None
         password = _dsn_password(text)
         if password:
             register_secret(password)
@@ -199,11 +205,13 @@ class SourceConfig(_Model):
             raise ValueError("must be greater than zero")
         return seconds
 
-    @model_validator(mode="after")
-    def _check_backoff(self) -> Self:
-        if self.reconnect_max_backoff < self.reconnect_min_backoff:
-            raise ValueError("reconnect_max_backoff must not be smaller than reconnect_min_backoff")
-        return self
+    @field_validator("reconnect_max_backoff")
+    @classmethod
+    def _check_backoff(cls, seconds: float, info: ValidationInfo) -> float:
+        minimum = info.data.get("reconnect_min_backoff")
+        if minimum is not None and seconds < minimum:
+            raise ValueError(f"must not be smaller than reconnect_min_backoff ({minimum:g} s)")
+        return seconds
 
     def password(self) -> str | None:
         """The password: from ``password_file`` (read now, so a rotated file is honoured),
@@ -322,12 +330,12 @@ class Config(_Model):
 
     name: str = "cdcd"
     source: SourceConfig
-    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
+    snapshot: SnapshotConfig = Field(default={}, validate_default=True)
     sinks: list[SinkSpec]
-    buffer: BufferConfig = Field(default_factory=BufferConfig)
-    http: HttpConfig = Field(default_factory=HttpConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
-    shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig)
+    buffer: BufferConfig = Field(default={}, validate_default=True)
+    http: HttpConfig = Field(default={}, validate_default=True)
+    log: LogConfig = Field(default={}, validate_default=True)
+    shutdown: ShutdownConfig = Field(default={}, validate_default=True)
     config_dir: Path = Field(default_factory=Path.cwd, exclude=True)
 
     @field_validator("name")
@@ -553,13 +561,27 @@ def _validate_sink(
     return _resolve_sink_paths(config, base)
 
 
+#: names of string fields in sink configs that hold file paths (``ssl_cafile``, ``spill_dir``)
+_PATH_FIELD_SUFFIXES = ("file", "_dir", "_path")
+
+
 def _resolve_sink_paths(config: BaseModel, config_dir: Path) -> BaseModel:
-    """Make the sink's relative :class:`Path` values absolute against the config folder."""
-    updates = {
-        name: config_dir / value.expanduser()
-        for name, value in config
-        if isinstance(value, Path) and not value.expanduser().is_absolute()
-    }
+    """Make the sink's relative paths absolute against the config folder: :class:`Path`
+    values, and strings in fields named ``path`` or ending in ``file``/``_dir``/``_path``."""
+    updates: dict[str, Any] = {}
+    for name, value in config:
+        if isinstance(value, Path):
+            path = value.expanduser()
+            if not path.is_absolute():
+                updates[name] = config_dir / path
+        elif (
+            isinstance(value, str)
+            and value
+            and (name == "path" or name.endswith(_PATH_FIELD_SUFFIXES))
+        ):
+            path = Path(value).expanduser()
+            if not path.is_absolute():
+                updates[name] = str(config_dir / path)
     return config.model_copy(update=updates) if updates else config
 
 
@@ -781,7 +803,7 @@ def _problems(
             allowed = _allowed_from_literal(str(error.get("ctx", {}).get("expected", "")))
         elif kind == "value_error":
             problem = str(error["msg"]).removeprefix("Value error, ")
-            if isinstance(value, Mapping | list) or repr(value) in problem:
+            if isinstance(value, Mapping | list) or str(value) in problem:
                 value = _MISSING  # the message already says what was wrong
         else:
             problem = str(error["msg"]).removeprefix("Input ")
