@@ -194,6 +194,7 @@ _CODECS: Final = _build_codecs()
 _RANGE_SUBTYPES: Final = {3904: 23, 3906: 1700, 3908: 1114, 3910: 1184, 3912: 1082, 3926: 20}
 _MULTIRANGE_RANGES: Final = {4451: 3904, 4532: 3906, 4533: 3908, 4534: 3910, 4535: 3912, 4536: 3926}
 _BOX_OID: Final = 603
+_BUILTIN_BY_NAME: Final = {name: oid for oid, (name, _t, _e) in BUILTIN_TYPES.items()}
 _CONTAINERS: Final[dict[str, Callable[[bytes, Callable[[bytes], str]], str]]] = {
     "r": vb.render_range,
     "m": vb.render_multirange,
@@ -227,13 +228,22 @@ class TypeRegistry:
     # --- catalog ------------------------------------------------------------------------------
 
     def observe(self, msg: TypeMessage) -> None:
-        """A pgoutput Type message: a name for a non-built-in OID (category unknown: ``?``).
-        Richer information already registered for the OID is kept."""
+        """A pgoutput Type message: a name for a non-built-in OID. Information already
+        registered from the catalog wins. For a domain, pgoutput names the domain's *base*
+        type (``int4`` in ``pg_catalog``, sent as namespace ``""``): such a message makes the
+        OID a domain over that built-in type, so text and binary values decode as the base
+        type even without catalog information. Anything else stays of unknown category."""
         known = self._infos.get(msg.oid)
-        if known is not None and (known.namespace, known.name) == (msg.namespace, msg.name):
+        if known is not None and known.category != "?":
             return
-        self._infos[msg.oid] = TypeInfo(msg.oid, msg.namespace, msg.name, "?")
-        self._invalidate()
+        info = TypeInfo(msg.oid, msg.namespace, msg.name, "?")
+        if msg.namespace in ("", "pg_catalog"):
+            base = _BUILTIN_BY_NAME.get(msg.name)
+            if base is not None and base != msg.oid:
+                info = TypeInfo(msg.oid, msg.namespace, msg.name, "d", base_oid=base)
+        if known != info:
+            self._infos[msg.oid] = info
+            self._invalidate()
 
     def register(self, info: TypeInfo) -> None:
         if self._infos.get(info.oid) != info:

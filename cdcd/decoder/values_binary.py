@@ -135,8 +135,11 @@ def _float4_shortest(x: float) -> str:
     packed = _f32.pack(x)
     for p in range(1, 10):
         s = f"{x:.{p}g}"
-        if _f32.pack(float(s)) == packed:
-            return s
+        try:
+            if _f32.pack(float(s)) == packed:
+                return s
+        except OverflowError:  # rounded up past FLT_MAX: needs more digits
+            continue
     return repr(x)  # pragma: no cover - 9 digits always round-trip a float4
 
 
@@ -280,7 +283,7 @@ def date2j(year: int, month: int, day: int) -> int:
     century = year // 100
     julian = year * 365 - 32167
     julian += year // 4 - century + century // 4
-    julian += 7834 * month // 125 + day
+    julian += 7834 * month // 256 + day
     return julian
 
 
