@@ -25,6 +25,7 @@ methods:
     record_json() -> bytes        value plus top-level "key": one JSON Lines line (no newline)
     native_row(which) -> dict | None   "before"/"after" with native Python values (Parquet)
     source() -> dict              the value's ``source`` block
+    schema_info() -> dict | None  the table's columns and key, as in Encoder.schema_info
     unchanged_toast() -> list[str]  columns whose value PostgreSQL did not send
     key_names -> tuple[str, ...] | None, catalog -> Catalog
 
@@ -327,6 +328,10 @@ class ChangeEvent:
     @property
     def transactional(self) -> bool:
         return self._txn.transactional
+
+    def schema_info(self) -> dict[str, Any] | None:
+        """The table's columns and key (see :meth:`Encoder.schema_info`); None for messages."""
+        return self._rel.schema_info() if self._rel is not None else None
 
     # --- rows -------------------------------------------------------------------------------
 

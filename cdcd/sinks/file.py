@@ -1,0 +1,710 @@
+"""The file sink: one folder per table that Spark reads directly (CONTRACT §4).
+
+Layout under ``path``::
+
+    <schema>.<table>/<commit_lsn:016X>-<seq:08X>.jsonl      events, one per line (value + "key")
+    <schema>.<table>/<commit_lsn:016X>-<seq:08X>.parquet    the same with native types (format: parquet)
+    <schema>.<table>/_schema/<commit_lsn:016X>-<seq:08X>.json   columns from that event on
+    _messages/<commit_lsn:016X>-<seq:08X>.jsonl             logical decoding messages
+    _transactions/<commit_lsn:016X>.jsonl                   BEGIN/END markers (transactions: true)
+
+A data file is named after its first event. In a schema or table name, ``%``, ``/`` and NUL are
+percent-encoded, and so is a leading ``.``, so every folder name is a valid, visible name.
+
+Invariants:
+
+- **Publication is atomic.** A file is written as ``.<name>.tmp``, fsynced, renamed to
+  ``<name>``, and its folder fsynced (``fsync: false`` skips the fsyncs, for tests). Readers
+  never see a partial file; names starting with ``.`` or ``_`` are never data files.
+- **Order.** Each folder has at most one open file; events reach a folder in ``(commit_lsn,
+  seq)`` order and files never overlap, so sorting a folder's file names sorts its events.
+- **Durability.** ``flush()`` publishes every open file, fsyncs the folders, then reports the
+  ``end_lsn`` of the last transaction handed over completely (``commit``). Files are also
+  published when they reach ``rollover_bytes``/``rollover_rows``, when a file is older than
+  ``rollover_seconds`` at a commit, and on every commit once ``flush_interval`` has passed
+  since the last flush (``0``: every commit). Publishing on flush makes one file per table per
+  flush: ``flush_interval`` trades file count against latency.
+- **Exactly once across crashes.** PostgreSQL resends every transaction after the confirmed
+  LSN. ``start()`` deletes leftover temporary files and reads, per folder, the position of the
+  last published event (the last line of the last file); events at or before it are skipped,
+  so nothing is published twice and nothing is lost. ``durable_lsn`` starts at 0 in every run.
+- **Schema files.** A ``_schema`` file is written (atomically) at the first event whose
+  columns (name, type, typmod, key flag) differ from the previous event's in that folder, or
+  from the schema file that applies at that position after a restart.
+- **Errors.** OSError becomes :class:`TransientSinkError` for a full disk or quota
+  (ENOSPC, EDQUOT) and :class:`DefiniteSinkError` otherwise, naming the path. After a failure
+  the sink's files are in an unknown state, so every later call raises DefiniteSinkError:
+  the pipeline must restart, and recovery replays from the confirmed LSN.
+
+Writers (the extension point for formats)
+-----------------------------------------
+
+A :class:`TableWriter` writes one file. The sink creates one per published file::
+
+    writer = WriterClass(tmp_path, relation, config)   # relation: None for _messages
+    writer.write(events)            # a run of ChangeEvents, same Relation object, in order
+    writer.size() / writer.rows     # for rollover
+    writer.finish()                 # complete the file: footer, flush, fsync if config.fsync, close
+    writer.discard()                # close and delete (crash-free shutdown without publishing)
+    WriterClass.last_position(path) # (commit_lsn, seq) of the last event of a published file
+
+``roll_on_schema_change = True`` makes the sink publish the open file before an event whose
+columns differ, so one file holds one schema (Parquet needs that). ``format: parquet`` loads
+``cdcd.sinks.parquet.ParquetTableWriter`` (suffix ``.parquet``). Logical messages and the
+transaction log are always JSON Lines.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import errno
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from cdcd.assembler.transaction import Transaction
+from cdcd.decoder.events import Relation
+from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
+from cdcd.lsn import pg_to_unix_us
+from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.encoding import ChangeEvent
+from cdcd.units import ByteSize, ConfigPath, Duration
+
+Position = tuple[int, int]
+
+MESSAGES_FOLDER = "_messages"
+TRANSACTIONS_FOLDER = "_transactions"
+SCHEMA_FOLDER = "_schema"
+
+_DATA_NAME = re.compile(r"([0-9A-F]{16})-([0-9A-F]{8})(\.[a-z]+)")
+_TXN_NAME = re.compile(r"([0-9A-F]{16})\.jsonl")
+_TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class FileSinkConfig(BaseModel):
+    """``sinks: - type: file`` (CONTRACT §2, §4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: ConfigPath
+    format: Literal["jsonl", "parquet"] = "jsonl"
+    rollover_bytes: ByteSize = Field(default=128 * 1024 * 1024, gt=0)
+    rollover_seconds: Duration = 60.0
+    rollover_rows: int | None = Field(default=None, gt=0)
+    flush_interval: Duration = 1.0
+    transactions: bool = False
+    compression: Literal["zstd", "snappy"] = "zstd"
+    fsync: bool = True
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def data_file_name(position: Position, suffix: str) -> str:
+    """``<commit_lsn:016X>-<seq:08X><suffix>``: sorting names sorts positions."""
+    return f"{position[0]:016X}-{position[1]:08X}{suffix}"
+
+
+def parse_data_file_name(name: str) -> tuple[Position, str] | None:
+    """``(position, suffix)`` of a data file name; None for anything else."""
+    match = _DATA_NAME.fullmatch(name)
+    if match is None:
+        return None
+    return (int(match.group(1), 16), int(match.group(2), 16)), match.group(3)
+
+
+def _escape(name: str) -> str:
+    escaped = name.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
+    return "%2E" + escaped[1:] if escaped.startswith(".") else escaped
+
+
+def table_folder_name(schema: str, table: str) -> str:
+    """``<schema>.<table>`` with ``%``, ``/``, NUL and a leading ``.`` percent-encoded."""
+    return f"{_escape(schema)}.{_escape(table)}"
+
+
+def temp_path(final: Path) -> Path:
+    """The hidden name a file is written under before it is published."""
+    return final.with_name(f".{final.name}.tmp")
+
+
+def _io_error(exc: OSError, action: str, path: Path | str) -> SinkError:
+    reason = exc.strerror or str(exc)
+    message = f"file sink: cannot {action} {path}: {reason}"
+    if exc.errno in _TRANSIENT_ERRNOS:
+        return TransientSinkError(message)
+    return DefiniteSinkError(message)
+
+
+def last_line(path: Path) -> bytes | None:
+    """The last non-empty line of a file (read backwards, in chunks)."""
+    with path.open("rb") as f:
+        pos = f.seek(0, os.SEEK_END)
+        tail = b""
+        while pos > 0:
+            step = min(65536, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+            stripped = tail.rstrip(b"\n")
+            cut = stripped.rfind(b"\n")
+            if cut >= 0:
+                return stripped[cut + 1 :]
+        return tail.rstrip(b"\n") or None
+
+
+# --- writers ---------------------------------------------------------------------------------
+
+
+class TableWriter(abc.ABC):
+    """One data file being written under its temporary name (see the module docstring)."""
+
+    #: file name suffix, with the dot
+    suffix: ClassVar[str]
+    #: publish the open file before an event whose columns differ from the file's
+    roll_on_schema_change: ClassVar[bool] = False
+
+    def __init__(self, path: Path, relation: Relation | None, config: FileSinkConfig) -> None:
+        self.path = path
+        self.relation = relation
+        self.config = config
+        self.rows = 0
+
+    @abc.abstractmethod
+    def write(self, events: Sequence[ChangeEvent]) -> None:
+        """Append events (all of one Relation object, in position order)."""
+
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Bytes written so far (an estimate is fine), for ``rollover_bytes``."""
+
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """Complete the file and close it; fsync it first when ``config.fsync``."""
+
+    @abc.abstractmethod
+    def discard(self) -> None:
+        """Close the file without completing it and delete it."""
+
+    @classmethod
+    @abc.abstractmethod
+    def last_position(cls, path: Path) -> Position:
+        """``(commit_lsn, seq)`` of the last event in a published file."""
+
+
+class JsonlTableWriter(TableWriter):
+    """JSON Lines: each event's ``record_json()`` and a newline, one buffered write per batch."""
+
+    suffix = ".jsonl"
+
+    def __init__(self, path: Path, relation: Relation | None, config: FileSinkConfig) -> None:
+        super().__init__(path, relation, config)
+        self._file = path.open("wb", buffering=1 << 20)
+        self._size = 0
+
+    def write(self, events: Sequence[ChangeEvent]) -> None:
+        self.write_lines([event.record_json() for event in events])
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        data = b"\n".join(lines)
+        self._file.write(data)
+        self._file.write(b"\n")
+        self._size += len(data) + 1
+        self.rows += len(lines)
+
+    def size(self) -> int:
+        return self._size
+
+    def finish(self) -> None:
+        self._file.flush()
+        if self.config.fsync:
+            os.fsync(self._file.fileno())
+        self._file.close()
+
+    def discard(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+    @classmethod
+    def last_position(cls, path: Path) -> Position:
+        line = last_line(path)
+        try:
+            source = orjson.loads(line or b"")["source"]
+            return int(source["commit_lsn"]), int(source["seq"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DefiniteSinkError(
+                f"file sink: cannot read the last event position of {path}: {exc}"
+            ) from exc
+
+
+class TransactionLogWriter(JsonlTableWriter):
+    """``_transactions`` files: BEGIN is at ``(commit_lsn, 0)``, END at ``(commit_lsn, 1)``."""
+
+    @classmethod
+    def last_position(cls, path: Path) -> Position:
+        try:
+            marker = orjson.loads(last_line(path) or b"")
+            return int(marker["commit_lsn"]), 0 if marker["status"] == "BEGIN" else 1
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DefiniteSinkError(
+                f"file sink: cannot read the last transaction marker of {path}: {exc}"
+            ) from exc
+
+
+def writer_class(fmt: str) -> type[TableWriter]:
+    """The table writer of a ``format`` (or of a file suffix without the dot)."""
+    if fmt == "jsonl":
+        return JsonlTableWriter
+    if fmt == "parquet":
+        from cdcd.sinks.parquet import ParquetTableWriter  # optional: pyarrow loads on demand
+
+        cls: type[TableWriter] = ParquetTableWriter
+        return cls
+    raise DefiniteSinkError(f"file sink: unknown format {fmt!r}")
+
+
+# --- publication -----------------------------------------------------------------------------
+
+
+class Publisher:
+    """Renames completed files into place and fsyncs the folders that changed."""
+
+    def __init__(self, fsync: bool) -> None:
+        self.fsync = fsync
+        self._dirty: set[Path] = set()
+
+    def make_dir(self, path: Path) -> None:
+        if not path.is_dir():
+            path.mkdir(parents=True, exist_ok=True)
+            self._dirty.add(path.parent)
+
+    def mark_dirty(self, folder: Path) -> None:
+        self._dirty.add(folder)
+
+    def publish(self, tmp: Path, final: Path) -> None:
+        os.replace(tmp, final)
+        self._dirty.add(final.parent)
+
+    def write_file(self, final: Path, data: bytes) -> None:
+        """Write a small file completely and publish it."""
+        tmp = temp_path(final)
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+        self.publish(tmp, final)
+
+    def sync(self) -> None:
+        """fsync changed folders, deepest first (``_schema`` before its table, tables before
+        the root), so a published file's folder entry is durable before its parent's."""
+        dirty, self._dirty = sorted(self._dirty, key=lambda p: len(p.parts), reverse=True), set()
+        if not self.fsync:
+            return
+        for path in dirty:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+# --- folders ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Recovered:
+    """What a previous run left in a folder."""
+
+    last: Position | None = None
+    schemas: list[tuple[Position, Path]] = field(default_factory=list)
+
+
+def _schema_signature(info: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    if info is None:
+        return None
+    return tuple((c["name"], c["type_oid"], c["typmod"], c["key"]) for c in info["columns"])
+
+
+_UNKNOWN: Any = object()
+
+
+class _Folder:
+    """One output folder: its open file, what to skip after a restart, its schema state."""
+
+    def __init__(
+        self,
+        sink: FileSink,
+        path: Path,
+        writer_cls: type[TableWriter],
+        recovered: _Recovered,
+        name_for: Callable[[Position], str],
+    ) -> None:
+        self.sink = sink
+        self.path = path
+        self.writer_cls = writer_cls
+        self.skip = recovered.last
+        self.recovered_schemas = recovered.schemas
+        self.name_for = name_for
+        self.writer: TableWriter | None = None
+        self.final: Path | None = None
+        self.opened_at = 0.0
+        self.relation: Relation | Any | None = _UNKNOWN
+        self.signature: tuple[Any, ...] | Any | None = _UNKNOWN
+
+    def append(self, run: Sequence[ChangeEvent]) -> None:
+        skip = self.skip
+        if skip is not None:  # after a restart: drop what a previous run published
+            if run[-1].position <= skip:
+                self.sink.events_skipped += len(run)
+                return
+            self.skip = None
+            if run[0].position <= skip:
+                kept = [e for e in run if e.position > skip]
+                self.sink.events_skipped += len(run) - len(kept)
+                run = kept
+        event = run[0]
+        if event.relation is not self.relation:
+            self._relation_changed(event)
+        if self.writer is None:
+            self._open(event.position, event.relation)
+        writer = self.writer
+        assert writer is not None
+        writer.write(run)
+        self._maybe_roll(writer)
+
+    def append_lines(self, position: Position, lines: list[bytes]) -> None:
+        """For the transaction log: lines that all share ``position``."""
+        if self.skip is not None:
+            if position <= self.skip:
+                return
+            self.skip = None
+        if self.writer is None:
+            self._open(position, None)
+        writer = self.writer
+        assert isinstance(writer, JsonlTableWriter)
+        writer.write_lines(lines)
+        self._maybe_roll(writer)
+
+    def _maybe_roll(self, writer: TableWriter) -> None:
+        config = self.sink.config
+        if writer.size() >= config.rollover_bytes or (
+            config.rollover_rows is not None and writer.rows >= config.rollover_rows
+        ):
+            self.publish()
+            self.sink.publisher.sync()
+
+    def _open(self, position: Position, relation: Relation | None) -> None:
+        self.final = self.path / self.name_for(position)
+        self.writer = self.writer_cls(temp_path(self.final), relation, self.sink.config)
+        self.opened_at = self.sink.clock()
+        self.sink.open_folders[self.path] = self
+
+    def _relation_changed(self, event: ChangeEvent) -> None:
+        self.relation = event.relation
+        info = event.schema_info()
+        signature = _schema_signature(info)
+        if self.signature is _UNKNOWN:
+            self.signature = self._recovered_signature(event.position)
+        if signature == self.signature or info is None:
+            return
+        if self.writer is not None and self.writer_cls.roll_on_schema_change:
+            self.publish()
+        self.signature = signature
+        pos = event.position
+        document = {**info, "commit_lsn": pos[0], "seq": pos[1]}
+        schema_dir = self.path / SCHEMA_FOLDER
+        self.sink.publisher.make_dir(schema_dir)
+        self.sink.publisher.write_file(
+            schema_dir / data_file_name(pos, ".json"),
+            orjson.dumps(document, option=orjson.OPT_INDENT_2),
+        )
+
+    def _recovered_signature(self, position: Position) -> tuple[Any, ...] | None:
+        """The columns of the schema file a previous run wrote for ``position``, if any."""
+        applicable = [path for pos, path in self.recovered_schemas if pos <= position]
+        self.recovered_schemas = []
+        if not applicable:
+            return None
+        try:
+            return _schema_signature(orjson.loads(applicable[-1].read_bytes()))
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise DefiniteSinkError(
+                f"file sink: cannot read schema file {applicable[-1]}: {exc}"
+            ) from exc
+
+    def publish(self) -> None:
+        writer, final = self.writer, self.final
+        if writer is None or final is None:
+            return
+        self.writer = None
+        self.sink.open_folders.pop(self.path, None)
+        writer.finish()
+        self.sink.publisher.publish(writer.path, final)
+        self.sink.files_published += 1
+
+    def discard(self) -> None:
+        writer, self.writer = self.writer, None
+        self.sink.open_folders.pop(self.path, None)
+        if writer is not None:
+            writer.discard()
+
+
+# --- the sink --------------------------------------------------------------------------------
+
+
+class FileSink(Sink):
+    """JSON Lines or Parquet files per table, published atomically, exactly once."""
+
+    type_name = "file"
+    Config = FileSinkConfig
+
+    def __init__(
+        self,
+        config: FileSinkConfig,
+        context: SinkContext,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.context = context
+        path = Path(config.path)
+        self.root = path if path.is_absolute() else context.config_dir / path
+        self.flush_interval = config.flush_interval  # read by the pipeline
+        self.clock = clock
+        self.publisher = Publisher(config.fsync)
+        self.open_folders: dict[Path, _Folder] = {}
+        self.events_skipped = 0
+        self.files_published = 0
+        self.events_written = 0
+        self._writer_cls = writer_class(config.format)
+        self._recovered: dict[str, _Recovered] = {}
+        self._folders: dict[str, _Folder] = {}
+        self._by_relation: dict[int, tuple[Relation, _Folder]] = {}
+        self._txn_log: _Folder | None = None
+        self._txn: Transaction | None = None
+        self._txn_counts: dict[str, int] = {}
+        self._committed_end = 0
+        self._last_flush = clock()
+        self._started = False
+        self._failed: SinkError | None = None
+        self._where: Path = self.root  # named in error messages
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        with self._failing():
+            await asyncio.to_thread(self._recover)
+        self._started = True
+
+    def _recover(self) -> None:
+        """Delete temporary files; find each folder's last published position and schemas."""
+        root = self.root
+        self.publisher.make_dir(root)
+        for folder in sorted(root.iterdir()):
+            if folder.name.startswith(".") or not folder.is_dir():
+                continue
+            found = _Recovered()
+            schema_dir = folder / SCHEMA_FOLDER
+            for path in (*folder.iterdir(), *(schema_dir.iterdir() if schema_dir.is_dir() else ())):
+                if path.name.startswith(".") and path.name.endswith(".tmp"):
+                    path.unlink()
+                    self.publisher.mark_dirty(path.parent)
+            if folder.name == TRANSACTIONS_FOLDER:
+                logs = sorted(p.name for p in folder.iterdir() if _TXN_NAME.fullmatch(p.name))
+                if logs:
+                    found.last = TransactionLogWriter.last_position(folder / logs[-1])
+            else:
+                data = sorted(
+                    (parsed[0], p.name, parsed[1])
+                    for p in folder.iterdir()
+                    if (parsed := parse_data_file_name(p.name)) is not None
+                )
+                if data:
+                    _, name, suffix = data[-1]
+                    found.last = writer_class(suffix[1:]).last_position(folder / name)
+                if schema_dir.is_dir():
+                    found.schemas = sorted(
+                        (parsed[0], p)
+                        for p in schema_dir.iterdir()
+                        if (parsed := parse_data_file_name(p.name)) is not None
+                    )
+            self._recovered[folder.name] = found
+        self.publisher.sync()
+
+    async def close(self) -> None:
+        for folder in list(self.open_folders.values()):
+            with contextlib.suppress(OSError):  # the next start() deletes what is left
+                folder.discard()
+
+    # --- the sink protocol -------------------------------------------------------------------
+
+    async def begin(self, txn: Transaction) -> None:
+        self._check()
+        if not self._started:
+            await self.start()
+        self._txn = txn
+        self._txn_counts = {}
+        if self.config.transactions and txn.kind != "message":
+            with self._failing():
+                self._marker(txn, "BEGIN")
+
+    async def write(self, events: Sequence[ChangeEvent]) -> None:
+        self._check()
+        with self._failing():
+            self._write(events)
+
+    async def commit(self, txn: Transaction) -> None:
+        self._check()
+        if self.config.transactions and txn.kind != "message":
+            with self._failing():
+                self._marker(txn, "END")
+        self._txn = None
+        self._committed_end = max(self._committed_end, txn.end_lsn)
+        now = self.clock()
+        if not self.open_folders:
+            self._mark_durable(self._committed_end)
+            self._last_flush = now
+        elif self.flush_interval == 0 or now - self._last_flush >= self.flush_interval:
+            await self.flush()
+        else:
+            old = [
+                f
+                for f in self.open_folders.values()
+                if now - f.opened_at >= self.config.rollover_seconds
+            ]
+            if old:
+                with self._failing():
+                    self._publish(old)
+                if not self.open_folders:
+                    self._mark_durable(self._committed_end)
+
+    async def flush(self) -> None:
+        self._check()
+        committed = self._committed_end
+        if self.open_folders:
+            with self._failing():
+                await asyncio.to_thread(self._publish, list(self.open_folders.values()))
+        self._mark_durable(committed)
+        self._last_flush = self.clock()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "events_written": self.events_written,
+            "events_skipped": self.events_skipped,
+            "files_published": self.files_published,
+            "open_files": len(self.open_folders),
+        }
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise DefiniteSinkError(
+                f"file sink failed earlier ({self._failed}); restart to replay from the "
+                "last confirmed position"
+            )
+
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """Translate OSError (naming the path) and remember any failure: afterwards the open
+        files are in an unknown state and only a restart (replaying from the confirmed LSN)
+        can continue."""
+        try:
+            yield
+        except OSError as exc:
+            self._failed = _io_error(exc, "write", exc.filename or self._where)
+            raise self._failed from exc
+        except SinkError as exc:
+            self._failed = exc
+            raise
+
+    def _folder(self, name: str, writer_cls: type[TableWriter]) -> _Folder:
+        folder = self._folders.get(name)
+        if folder is None:
+            path = self.root / name
+            self.publisher.make_dir(path)
+            recovered = self._recovered.get(name, _Recovered())
+            suffix = writer_cls.suffix
+            folder = _Folder(self, path, writer_cls, recovered, lambda p: data_file_name(p, suffix))
+            self._folders[name] = folder
+        return folder
+
+    def _folder_for(self, event: ChangeEvent) -> _Folder:
+        relation = event.relation
+        if relation is None:
+            return self._folder(MESSAGES_FOLDER, JsonlTableWriter)
+        cached = self._by_relation.get(id(relation))
+        if cached is not None and cached[0] is relation:
+            return cached[1]
+        name = table_folder_name(event.schema or "", event.table or "")
+        folder = self._folder(name, self._writer_cls)
+        if len(self._by_relation) > 4096:
+            self._by_relation.clear()
+        self._by_relation[id(relation)] = (relation, folder)
+        return folder
+
+    def _write(self, events: Sequence[ChangeEvent]) -> None:
+        count = len(events)
+        counts = self._txn_counts if self.config.transactions else None
+        start = 0
+        while start < count:
+            relation = events[start].relation
+            end = start + 1
+            while end < count and events[end].relation is relation:
+                end += 1
+            run = events if start == 0 and end == count else events[start:end]
+            folder = self._folder_for(run[0])
+            self._where = folder.path
+            folder.append(run)
+            if counts is not None:
+                first = run[0]
+                collection = (
+                    f"{first.schema}.{first.table}" if first.table is not None else MESSAGES_FOLDER
+                )
+                counts[collection] = counts.get(collection, 0) + len(run)
+            start = end
+        self.events_written += count
+
+    def _marker(self, txn: Transaction, status: Literal["BEGIN", "END"]) -> None:
+        """Debezium's transaction metadata, plus ``commit_lsn`` to deduplicate on."""
+        if self._txn_log is None:
+            recovered = self._recovered.get(TRANSACTIONS_FOLDER, _Recovered())
+            path = self.root / TRANSACTIONS_FOLDER
+            self.publisher.make_dir(path)
+            self._txn_log = _Folder(
+                self, path, TransactionLogWriter, recovered, lambda p: f"{p[0]:016X}.jsonl"
+            )
+        counts = self._txn_counts
+        marker = {
+            "status": status,
+            "id": f"{txn.xid}:{txn.commit_lsn}",
+            "ts_ms": pg_to_unix_us(txn.commit_time) // 1000,
+            "event_count": sum(counts.values()) if status == "END" else None,
+            "data_collections": (
+                [{"data_collection": k, "event_count": v} for k, v in counts.items()]
+                if status == "END"
+                else None
+            ),
+            "commit_lsn": txn.commit_lsn,
+            "end_lsn": txn.end_lsn,
+        }
+        position = (txn.commit_lsn, 0 if status == "BEGIN" else 1)
+        self._txn_log.append_lines(position, [orjson.dumps(marker)])
+
+    def _publish(self, folders: list[_Folder]) -> None:
+        for folder in folders:
+            self._where = folder.path
+            folder.publish()
+        self._where = self.root
+        self.publisher.sync()

@@ -1,0 +1,55 @@
+"""The null sink: discards every event, durable at once (benchmarks, dry runs).
+
+With ``encode: true`` it still builds each event's JSON Lines record, so a benchmark can
+measure decoding and encoding without any I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from cdcd.assembler.transaction import Transaction
+from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.encoding import ChangeEvent
+
+
+class NullSinkConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    encode: bool = False  # build every event's record_json() (measures the encoder)
+
+
+class NullSink(Sink):
+    """Discards events; a transaction is durable as soon as it is committed."""
+
+    type_name = "null"
+    Config = NullSinkConfig
+    flush_interval = 0.0
+
+    def __init__(self, config: NullSinkConfig, context: SinkContext) -> None:
+        super().__init__()
+        self.config = config
+        self.events = 0
+        self.transactions = 0
+
+    async def begin(self, txn: Transaction) -> None:
+        pass
+
+    async def write(self, events: Sequence[ChangeEvent]) -> None:
+        self.events += len(events)
+        if self.config.encode:
+            for event in events:
+                event.record_json()
+
+    async def commit(self, txn: Transaction) -> None:
+        self.transactions += 1
+        self._mark_durable(txn.end_lsn)
+
+    async def flush(self) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"events": self.events, "transactions": self.transactions}
