@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+import yaml
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from cdcd.config import Config, SinkSpec, SourceConfig, load_config, parse_config
@@ -568,6 +569,11 @@ def test_reference_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
         exclude={"source": {"dsn"}, "sinks": True}
     )
     assert [spec.type for spec in config.sinks] == ["file", "kafka"]
+    sections = yaml.safe_load((REPO / "config" / "cdcd.reference.yaml").read_text())["sinks"]
+    for spec, section in zip(config.sinks, sections, strict=True):
+        if spec.sink_class.__module__.startswith("cdcd.sinks."):  # a real sink, not a stand-in
+            documented = set(section) - {"type"}
+            assert documented == set(spec.sink_class.Config.model_fields), spec.type
     kafka = config.sinks[1]
     assert kafka.config == kafka.sink_class.Config.model_validate(
         {"bootstrap_servers": "localhost:9092"}
