@@ -38,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cdcd.source import SESSION_GUCS as CDCD_SESSION_GUCS  # noqa: E402
 from tests.corpusutil import CORPUS_DIR, all_corpus_files, load_corpus  # noqa: E402
 from tests.pgharness import PgCluster, create_database, find_installations  # noqa: E402
 
@@ -45,15 +46,9 @@ PUB = "cdcd_pub"
 PLAIN_SLOT = "cdcd_plain"
 TWOPC_SLOT = "cdcd_2pc"
 
-#: Session settings of cdcd's replication connection (they affect text output).
-SESSION_GUCS = {
-    "DateStyle": "ISO, MDY",
-    "TimeZone": "UTC",
-    "IntervalStyle": "iso_8601",
-    "extra_float_digits": "3",
-    "bytea_output": "hex",
-    "logical_decoding_work_mem": "64kB",
-}
+#: Session settings of cdcd's connections (they affect text output), plus the minimum
+#: decoding memory so that transactions stream early.
+SESSION_GUCS = {**CDCD_SESSION_GUCS, "logical_decoding_work_mem": "64kB"}
 
 
 @dataclass(frozen=True)
