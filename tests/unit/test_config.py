@@ -669,3 +669,13 @@ def test_parse_duration(text: Any, seconds: float) -> None:
 def test_parse_duration_rejects(bad: Any) -> None:
     with pytest.raises(ValueError, match="bad duration"):
         parse_duration(bad)
+
+
+def test_overrides_create_missing_sections(tmp_path: Path) -> None:
+    text = "sinks: [{type: testfile, path: out}]\n"
+    config = load(tmp_path, text, {"CDCD_SOURCE__DSN": "postgresql://cdc@db/shop"})
+    assert config.source.masked_dsn() == "postgresql://cdc@db/shop"
+    config = load(
+        tmp_path, MINIMAL, {"CDCD_LOG__LEVEL": "debug", "CDCD_SHUTDOWN__GRACE_PERIOD": "5"}
+    )
+    assert (config.log.level, config.shutdown.grace_period) == ("debug", 5.0)
