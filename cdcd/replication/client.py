@@ -32,7 +32,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import structlog
 
@@ -163,8 +163,8 @@ class _Protocol(asyncio.Protocol):
         self._writing_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         session = self.session
@@ -406,7 +406,6 @@ class ReplicationClient:
             ) from exc
         if new_transport is None:
             raise TransientSourceError(f"TLS handshake with {params.describe()} failed")
-        assert isinstance(new_transport, asyncio.Transport)
         protocol.transport = new_transport
         return True
 
@@ -422,7 +421,7 @@ class ReplicationClient:
             if isinstance(event, wire.ReadyForQuery):
                 return
             if isinstance(event, wire.NoticeResponse):
-                log.info("server notice", notice=str(event.fields))
+                _log_notice(event.fields)
 
     # ------------------------------------------------------------------ I/O helpers
 
@@ -472,7 +471,7 @@ class ReplicationClient:
             elif isinstance(event, wire.ReadyForQuery):
                 break
             elif isinstance(event, wire.NoticeResponse):
-                log.info("server notice", notice=str(event.fields))
+                _log_notice(event.fields)
             elif isinstance(event, wire.CopyBothResponse):
                 raise LocalProtocolError(f"{sql[:60]!r} started a COPY; use start_replication")
         if error is not None:
@@ -545,7 +544,7 @@ class ReplicationClient:
                     raise RemoteProtocolError("START_REPLICATION ended without CopyBothResponse")
                 raise source_error(error, user=self.params.user, context=f"slot {slot!r}")
             elif isinstance(event, wire.NoticeResponse):
-                log.info("server notice", notice=str(event.fields))
+                _log_notice(event.fields)
         self._last_status = time.monotonic()
         self._status_task = asyncio.get_running_loop().create_task(
             self._status_loop(), name=f"cdcd-status-{slot}"
@@ -587,7 +586,7 @@ class ReplicationClient:
                     "(shutting down?); will reconnect"
                 )
             elif isinstance(event, wire.NoticeResponse):
-                log.info("server notice", notice=str(event.fields))
+                _log_notice(event.fields)
 
     def set_positions(self, *, written: int, flushed: int, applied: int | None = None) -> None:
         """Positions the next status updates report; each only moves forward.
@@ -680,6 +679,14 @@ class _TlsHandshakeFailed(Exception):
     def __init__(self, error: TransientSourceError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def _log_notice(fields: wire.ServerMessage) -> None:
+    """Server notices go to the log; warnings (e.g. a publication skipped on 18) as warnings."""
+    if fields.severity == "WARNING":
+        log.warning("server warning", notice=str(fields))
+    else:
+        log.info("server notice", notice=str(fields))
 
 
 def _summary(sql: str) -> str:

@@ -604,6 +604,10 @@ def source_error(err: ServerMessage, *, user: str = "", context: str = "") -> So
             f"{head}{text}. Create it (cdcd slot create, or create_slot/create_publication in "
             "the configuration) or fix the name in the configuration"
         )
+    if code in ("42P01", "3F000"):
+        return DefiniteSourceError(
+            f"{head}{text}. Check the table names (source.tables) and that they exist"
+        )
     if code == "42710" and "replication slot" in lowered:
         return SlotExists(f"{head}{text}")
     if code == "55006":
