@@ -308,21 +308,15 @@ class SinkSpec(_Model):
         """Accept a raw section ``{"type": "file", "path": ...}`` (programmatic use)."""
         if not isinstance(data, Mapping) or isinstance(data.get("config"), BaseModel):
             return data
-        problems = _validate_sink(data, ())
-        if isinstance(problems, list):
-            raise ValueError("; ".join(problems))
-        return {"type": data["type"], "config": problems}
+        result = _validate_sink(data, ())
+        if isinstance(result, list):
+            raise ValueError("; ".join(result))
+        return {"type": data["type"], "config": result}
 
     @property
     def sink_class(self) -> builtins.type[Sink]:
         """The :class:`cdcd.sinks.base.Sink` subclass for ``type``."""
         return load_sink_class(self.type)
-
-
-def _at_least_one_sink(specs: list[SinkSpec]) -> list[SinkSpec]:
-    if not specs:
-        raise ValueError(f"at least one sink is required ({_sink_types_hint()})")
-    return specs
 
 
 class Config(_Model):
@@ -350,7 +344,9 @@ class Config(_Model):
     @field_validator("sinks")
     @classmethod
     def _check_sinks(cls, specs: list[SinkSpec]) -> list[SinkSpec]:
-        return _at_least_one_sink(specs)
+        if not specs:
+            raise ValueError(f"at least one sink is required ({_sink_types_hint()})")
+        return specs
 
 
 _TOP_LEVEL_KEYS = frozenset(Config.model_fields) - {"config_dir"}
