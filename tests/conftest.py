@@ -18,6 +18,7 @@ from tests.pgharness import (
     PgInstall,
     create_database,
     find_installations,
+    reap_stale_clusters,
 )
 
 _INSTALLS: list[PgInstall | None] = list(find_installations()) or [None]
@@ -33,6 +34,7 @@ def pg_cluster(request: pytest.FixtureRequest) -> Iterator[PgCluster]:
     install: PgInstall | None = request.param
     if install is None:
         pytest.skip("no PostgreSQL installation found (or none matches CDCD_TEST_PG)")
+    reap_stale_clusters()
     cluster = PgCluster(install)
     try:
         cluster.start()

@@ -69,6 +69,7 @@ BASE_SETTINGS: dict[str, Any] = {
 SUPERUSER = "postgres"
 HOST = "127.0.0.1"
 _SETTINGS_FILE = "cdcd_harness.conf"
+_OWNER_FILE = "cdcd-owner"
 _START_TIMEOUT = 60
 
 
@@ -348,6 +349,9 @@ class PgCluster:
         self._sock_dir = Path(tempfile.mkdtemp(prefix="cdcd-s-"))
         _chown(self._sock_dir)
         _chown(self.base_dir)
+        if self._own_base:
+            me = os.getpid()
+            (self.base_dir / _OWNER_FILE).write_text(f"{me} {_start_time(me)} {self._sock_dir}")
         self._initialized = (self.data_dir / "PG_VERSION").exists()
 
     # ---- properties
@@ -699,6 +703,42 @@ def _proc_state(pid: int) -> str | None:
     except OSError:
         return None
     return data.rsplit(")", 1)[1].split()[0]
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def reap_stale_clusters() -> int:
+    """Kill and delete clusters left behind by harness processes that died (e.g. SIGKILLed
+    test runs). Clusters of live processes are not touched. Returns how many were reaped."""
+    reaped = 0
+    for base in Path(tempfile.gettempdir()).glob("cdcd-pg-*"):
+        try:
+            pid_text, start, sock_dir = (base / _OWNER_FILE).read_text().split(" ", 2)
+        except (OSError, ValueError):
+            continue
+        if _start_time(int(pid_text)) == start:
+            continue
+        try:
+            postmaster = int((base / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
+            with open(f"/proc/{postmaster}/cmdline", "rb") as f:
+                ours = str(base).encode() in f.read()
+        except (OSError, ValueError):
+            ours = False
+        if ours:
+            for victim in [postmaster, *_children(postmaster)]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(victim, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+        reaped += 1
+    return reaped
 
 
 def _children(pid: int) -> list[int]:
