@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import binascii
 import datetime as _dt
+import functools
 import ipaddress
 import math
 import struct
@@ -76,9 +77,10 @@ def _short(b: bytes, need: int, what: str) -> None:
 # --- integers, floats, bool ------------------------------------------------------------------
 
 
-def int_signed(b: bytes) -> int:
-    """int2/int4/int8 send format: big-endian two's complement of the type's width."""
-    return int.from_bytes(b, "big", signed=True)
+#: int2/int4/int8 send format: big-endian two's complement of the type's width.
+int_signed: Final[Callable[[bytes], int]] = functools.partial(
+    int.from_bytes, byteorder="big", signed=True
+)
 
 
 #: oid/xid/cid/xid8 are unsigned.
@@ -202,7 +204,7 @@ def render_numeric(b: bytes) -> str:
         return "-Infinity"
     _short(b, 8 + 2 * ndigits, "numeric")
     digits = struct.unpack_from(f">{ndigits}h", b, 8)
-    s = "".join([f"{d:04d}" for d in digits])
+    s = ("%04d" * ndigits) % digits
     point = 4 * (weight + 1)
     if point < 0:
         s = "0" * (-point) + s
@@ -411,7 +413,7 @@ def timestamp_iso(us: int) -> str:
     """JSON form of a timestamp: ISO-8601 ``YYYY-MM-DDTHH:MM:SS[.ffffff]`` (fraction trimmed as
     PostgreSQL prints it); ``infinity``/``-infinity``; BC values as PostgreSQL's text."""
     try:
-        dt = PG_EPOCH_DATETIME + _dt.timedelta(microseconds=us)
+        dt = PG_EPOCH_DATETIME + _dt.timedelta(0, 0, us)
     except OverflowError:
         s = timestamp_text(us, utc_suffix=False)
         return s if s[-1] in "Cy" else s.replace(" ", "T", 1)
@@ -424,7 +426,7 @@ def timestamptz_iso(us: int) -> str:
     """JSON form of a timestamptz: ISO-8601 UTC with ``Z``; ``infinity``/``-infinity``; BC
     values as PostgreSQL's text under TimeZone=UTC (``0044-03-15 12:00:00+00 BC``)."""
     try:
-        dt = PG_EPOCH_DATETIME + _dt.timedelta(microseconds=us)
+        dt = PG_EPOCH_DATETIME + _dt.timedelta(0, 0, us)
     except OverflowError:
         s = timestamp_text(us, utc_suffix=True)
         return s if s[-1] in "Cy" else s[:-3].replace(" ", "T", 1) + "Z"
@@ -443,14 +445,14 @@ def timestamptz_json(b: bytes) -> str:
 
 def timestamp_native_us(us: int) -> _dt.datetime | None:
     try:
-        return PG_EPOCH_DATETIME + _dt.timedelta(microseconds=us)
+        return PG_EPOCH_DATETIME + _dt.timedelta(0, 0, us)
     except OverflowError:
         return None  # ±infinity, BC, after 9999
 
 
 def timestamptz_native_us(us: int) -> _dt.datetime | None:
     try:
-        return PG_EPOCH_DATETIME_UTC + _dt.timedelta(microseconds=us)
+        return PG_EPOCH_DATETIME_UTC + _dt.timedelta(0, 0, us)
     except OverflowError:
         return None
 

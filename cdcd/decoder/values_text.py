@@ -153,10 +153,14 @@ def timestamp_native(b: bytes) -> _dt.datetime | None:
 
 
 def timestamptz_native(b: bytes) -> _dt.datetime | None:
+    """Aware UTC datetime, or None for ±infinity, BC and years outside 1..9999."""
     s = b.decode()
-    if s[-1] == "y":
+    if s[-1] in "Cy" or s[4:5] != "-":
         return None
-    return vb.timestamptz_native_us(parse_timestamp_us(s)[0])
+    try:
+        return _dt.datetime.fromisoformat(s).astimezone(_dt.UTC)
+    except (ValueError, OverflowError):
+        return None  # an offset pushed it past year 1 or 9999
 
 
 # --- arrays ----------------------------------------------------------------------------------
