@@ -1,9 +1,11 @@
 """Micro-benchmark of the pgoutput decoder's hot path: a 10-column text Insert.
 
-Usage: python bench/decoder_micro.py [N] [--memoryview]
+Usage: python bench/decoder_micro.py [N] [--memoryview] [--corpus]
 Decodes one synthetic Insert (10 text columns, ~8 bytes each; one NULL) N times (default
 1,000,000) and prints messages/s. ``--memoryview`` passes the payload as a memoryview slice
-of a larger buffer, as the replication client does (XLogData.data).
+of a larger buffer, as the replication client does (XLogData.data). ``--corpus`` also decodes
+every captured message of ``tests/corpus`` (real bytes, all message types) until about N
+messages were decoded, and prints that rate too.
 """
 
 from __future__ import annotations
@@ -46,5 +48,30 @@ def main() -> None:
     )
 
 
+def corpus(n: int) -> None:
+    from tests.corpusutil import all_corpus_files, load_corpus
+
+    files = [load_corpus(p) for p in all_corpus_files()]
+    total = sum(len(rows) for _h, rows in files)
+    if not total:
+        print("tests/corpus is empty")
+        return
+    rounds = max(1, n // total)
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for header, rows in files:
+            decode = PgOutputDecoder(int(header["options"]["proto_version"])).decode
+            for lsn, _xid, data in rows:
+                decode(data, lsn)
+    dt = time.perf_counter() - t0
+    count = rounds * total
+    print(
+        f"decoded the corpus ({len(files)} files, {total} messages) {rounds} times in "
+        f"{dt:.2f} s: {count / dt:,.0f} messages/s"
+    )
+
+
 if __name__ == "__main__":
     main()
+    if "--corpus" in sys.argv:
+        corpus(int(next((a for a in sys.argv[1:] if not a.startswith("--")), "1000000")))
