@@ -2,13 +2,15 @@
 
 ``pg_cluster`` (session scope) is parametrized over :func:`find_installations` with ids
 ``pg18``/``pg16``/``pg15``; ``CDCD_TEST_PG=18`` or ``CDCD_TEST_PG=15,18`` restricts it.
-``pg_db`` (function scope) is a fresh database on that cluster, dropped afterwards together
+``pg_install`` is that parameter; ``pg_cluster_factory`` makes private clusters of the same
+version. ``pg_db`` (function scope) is a fresh database on that cluster, dropped afterwards together
 with its replication slots and prepared transactions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -29,18 +31,42 @@ _INSTALLS: list[PgInstall | None] = list(find_installations()) or [None]
     params=_INSTALLS,
     ids=[i.id if i is not None else "nopg" for i in _INSTALLS],
 )
-def pg_cluster(request: pytest.FixtureRequest) -> Iterator[PgCluster]:
-    """A started cluster, one per installed major version, shared by the session."""
+def pg_install(request: pytest.FixtureRequest) -> PgInstall:
+    """One installed PostgreSQL major version (the parameter behind ``pg_cluster``)."""
     install: PgInstall | None = request.param
     if install is None:
         pytest.skip("no PostgreSQL installation found (or none matches CDCD_TEST_PG)")
+    return install
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(pg_install: PgInstall) -> Iterator[PgCluster]:
+    """A started cluster, one per installed major version, shared by the session."""
     reap_stale_clusters()
-    cluster = PgCluster(install)
+    cluster = PgCluster(pg_install)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.destroy()
+
+
+@pytest.fixture
+def pg_cluster_factory(pg_install: PgInstall) -> Iterator[Callable[..., PgCluster]]:
+    """``factory(settings=None, start=True) -> PgCluster``: private clusters of the same
+    version (for tests that crash, restart or reconfigure a server); destroyed afterwards."""
+    made: list[PgCluster] = []
+
+    def factory(settings: dict[str, Any] | None = None, start: bool = True) -> PgCluster:
+        cluster = PgCluster(pg_install, settings=settings)
+        made.append(cluster)
+        return cluster.start() if start else cluster
+
+    try:
+        yield factory
+    finally:
+        for cluster in made:
+            cluster.destroy()
 
 
 @pytest.fixture

@@ -94,6 +94,40 @@ def test_kill_then_start_recovers(pg_cluster: PgCluster, pg_db: PgDatabase) -> N
     assert pg_db.fetchval("SELECT count(*) FROM t") == 1
 
 
+@pg
+def test_factory_cluster_with_settings_and_password_auth(pg_cluster_factory) -> None:  # type: ignore[no-untyped-def]
+    cluster = pg_cluster_factory(settings={"password_encryption": "md5"})
+    assert cluster.fetchval("SHOW password_encryption") == "md5"
+    cluster.execute("CREATE ROLE alice LOGIN PASSWORD 'secret'")
+    cluster.add_hba("host all alice 127.0.0.1/32 md5")
+    with pytest.raises(psycopg2.OperationalError):
+        psycopg2.connect(cluster.dsn(user="alice", password="wrong")).close()
+    psycopg2.connect(cluster.dsn(user="alice", password="secret")).close()
+    cluster.restart()
+    assert cluster.fetchval("SELECT 1") == 1
+
+
+@pg
+def test_enable_ssl(pg_cluster_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    trustme = pytest.importorskip("trustme")
+    cluster = pg_cluster_factory()
+    if not cluster.install.supports_ssl:
+        pytest.skip(f"PostgreSQL {cluster.version} here is built without OpenSSL")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(tmp_path / "server.crt")
+    cert.private_key_pem.write_to_path(tmp_path / "server.key")
+    ca.cert_pem.write_to_path(tmp_path / "ca.crt")
+    cluster.enable_ssl(tmp_path / "server.crt", tmp_path / "server.key", tmp_path / "ca.crt")
+    cluster.add_hba("hostnossl all all 127.0.0.1/32 reject")
+    dsn = cluster.dsn(sslmode="verify-full", sslrootcert=tmp_path / "ca.crt")
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        assert cur.fetchone()[0] is True
+    with pytest.raises(psycopg2.OperationalError):
+        psycopg2.connect(cluster.dsn(sslmode="disable")).close()
+
+
 # ---------------------------------------------------------------- corpus sanity
 
 _OPENERS = {b"B": b"C", b"S": b"E", b"b": b"P"}
