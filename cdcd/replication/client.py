@@ -215,8 +215,10 @@ class _Protocol(asyncio.Protocol):
             self.transport.resume_reading()
         if self.lost is not None:
             raise self.lost
-        self._waiter = self._loop.create_future()
-        await self._waiter
+        # Several tasks may wait (the consumer, close()): they share one future.
+        if self._waiter is None or self._waiter.done():
+            self._waiter = self._loop.create_future()
+        await asyncio.shield(self._waiter)
         if (
             self.lost is not None
             and not self.raw
@@ -228,8 +230,9 @@ class _Protocol(asyncio.Protocol):
         if self.lost is not None:
             raise self.lost
         if self._writing_paused:
-            self._drain_waiter = self._loop.create_future()
-            await self._drain_waiter
+            if self._drain_waiter is None or self._drain_waiter.done():
+                self._drain_waiter = self._loop.create_future()
+            await asyncio.shield(self._drain_waiter)
             if self.lost is not None:
                 raise self.lost
 
@@ -450,6 +453,11 @@ class ReplicationClient:
     def server_version(self) -> int:
         """``server_version_num`` of the server, e.g. 180006."""
         return self._session.server_version
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet consumed (bounded by about ``HIGH_WATER``)."""
+        return self._session.buffered + len(self._protocol.raw)
 
     @property
     def backend_pid(self) -> int | None:

@@ -13,7 +13,7 @@ import pytest
 from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication import slot as slots
-from cdcd.replication.client import ReplicationClient, SlotExists
+from cdcd.replication.client import HIGH_WATER, ReplicationClient, SlotExists
 from cdcd.wire.dsn import ConnParams, parse_dsn
 from cdcd.wire.replication import PrimaryKeepalive, XLogData
 from tests.pgharness import PgDatabase, free_port
@@ -316,3 +316,30 @@ async def test_sql_helpers(pg_db: PgDatabase) -> None:
     finally:
         await conn.close()
         pg_db.execute("DROP ROLE IF EXISTS plain_user")
+
+
+async def test_backpressure_bounds_buffering(pg_db: PgDatabase) -> None:
+    """A consumer that does not pull leaves the data in the socket: the client buffers about
+    HIGH_WATER bytes, then the whole transaction still arrives once it is consumed."""
+    setup_table(pg_db)
+    rows = 150_000
+    async with await ReplicationClient.connect(params_for(pg_db)) as c:
+        await c.create_slot("bp")
+        pg_db.execute(
+            f"INSERT INTO \"Items\" SELECT g, repeat('x', 40) FROM generate_series(1, {rows}) g"
+        )
+        await c.start_replication("bp", 0, {"proto_version": "1", "publication_names": "pub"})
+        async with asyncio.timeout(60):
+            while c.buffered < HIGH_WATER:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # reading is paused: nothing more piles up
+        assert c.buffered < HIGH_WATER + (1 << 20)
+        inserts = 0
+        async with asyncio.timeout(120):
+            async for msg in c.messages():
+                if isinstance(msg, XLogData):
+                    kind = bytes(msg.data[:1])
+                    inserts += kind == b"I"
+                    if kind == b"C":
+                        break
+        assert inserts == rows
