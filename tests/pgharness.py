@@ -623,6 +623,8 @@ class PgCluster:
 
     def add_hba(self, line: str, first: bool = True) -> None:
         """Add a ``pg_hba.conf`` line (first by default, so it wins) and reload if running."""
+        if not self._initialized:
+            self._initdb()
         path = self.data_dir / "pg_hba.conf"
         text = path.read_text()
         text = f"{line}\n{text}" if first else f"{text.rstrip()}\n{line}\n"
@@ -641,6 +643,8 @@ class PgCluster:
             raise PgHarnessError(
                 f"PostgreSQL {self.version} at {self.bin_dir} is built without OpenSSL"
             )
+        if not self._initialized:
+            self._initdb()
         gucs: dict[str, Any] = {"ssl": True}
         for name, src in (("server.crt", cert_path), ("server.key", key_path), ("ca.crt", ca_path)):
             if src is None:
