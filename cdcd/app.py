@@ -444,3 +444,19 @@ def run(config: Config, endpos: int | None) -> int:
     from cdcd.cli import run_async as run_on_loop
 
     return int(run_on_loop(run_async(config, endpos)))
+
+
+def check(config: Config) -> int:
+    """``cdcd check``: report on the source; non-zero on any blocking problem."""
+    from cdcd.cli import run_async as run_on_loop
+    from cdcd.commands import check_async
+
+    return int(run_on_loop(check_async(config)))
+
+
+def slot(config: Config, action: str) -> int:
+    """``cdcd slot create|drop|status``."""
+    from cdcd.cli import run_async as run_on_loop
+    from cdcd.commands import slot_async
+
+    return int(run_on_loop(slot_async(config, action)))

@@ -1,0 +1,205 @@
+"""``cdcd check`` and ``cdcd slot create|drop|status``: one-shot commands on the source."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from cdcd.config import Config
+from cdcd.errors import EXIT_FAILURE, EXIT_OK, EXIT_SOURCE, CdcdError, DefiniteSourceError
+from cdcd.lsn import format_lsn
+from cdcd.replication import slot as slots
+from cdcd.replication.client import SlotExists
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+
+
+@dataclass
+class Finding:
+    item: str
+    status: str
+    detail: str
+
+
+def _table(findings: list[Finding], out: TextIO) -> None:
+    width = max(len(f.item) for f in findings)
+    for f in findings:
+        out.write(f"{f.item:<{width}}  {f.status:<4}  {f.detail}\n")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n = n / 1024  # type: ignore[assignment]
+    return str(n)
+
+
+async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
+    from cdcd.app import stream_options
+    from cdcd.source import Source
+
+    src = config.source
+    findings: list[Finding] = []
+    source = Source(config)
+    try:
+        await source.connect_catalog()
+    except CdcdError as exc:
+        findings.append(Finding("connection", FAIL, str(exc)))
+        _table(findings, out)
+        return exc.exit_code if exc.exit_code != EXIT_FAILURE else EXIT_SOURCE
+    conn = source.catalog_conn
+    try:
+        version_num = int(await conn.fetchval("SHOW server_version_num"))
+        version = await conn.fetchval("SHOW server_version")
+        findings.append(Finding("connection", OK, f"{source.params.describe()} as {source.params.user}"))
+        findings.append(Finding("server version", OK, str(version)))
+        try:
+            await slots.check_wal_level(conn)
+            findings.append(Finding("wal_level", OK, "logical"))
+        except DefiniteSourceError as exc:
+            findings.append(Finding("wal_level", FAIL, str(exc)))
+        try:
+            opts = stream_options(src, version_num)
+            detail = ", ".join(f"{k}={v}" for k, v in opts.options.items())
+            findings.append(Finding("protocol", OK, detail))
+        except CdcdError as exc:
+            findings.append(Finding("protocol", FAIL, str(exc)))
+        privileges = await slots.check_privileges(conn)
+        if not privileges["can_replicate"]:
+            findings.append(
+                Finding(
+                    "privileges",
+                    FAIL,
+                    f"role {source.params.user!r} lacks REPLICATION: ALTER ROLE ... REPLICATION",
+                )
+            )
+        elif src.create_publication and not privileges["create_on_database"]:
+            findings.append(
+                Finding("privileges", WARN, "no CREATE on the database: cannot create the publication")
+            )
+        else:
+            findings.append(Finding("privileges", OK, "replication" + (", superuser" if privileges["rolsuper"] else "")))
+        info = await slots.slot_info(conn, src.slot)
+        if info is None:
+            status = OK if src.create_slot else FAIL
+            findings.append(Finding("slot", status, f"{src.slot!r} does not exist" + (" (will be created)" if src.create_slot else "")))
+        else:
+            lag = await conn.fetchval(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 "
+                "FROM pg_replication_slots WHERE slot_name = $1",
+                src.slot,
+            )
+            detail = (
+                f"{src.slot!r} active={info.active} wal_status={info.wal_status} "
+                f"confirmed={format_lsn(info.confirmed_flush_lsn or 0)} lag={_size(lag)} "
+                f"safe_wal_size={_size(info.safe_wal_size)}"
+            )
+            status = FAIL if info.invalidated or (info.plugin not in (None, "pgoutput")) else OK
+            if status == OK and lag is not None and lag > src.retained_wal_warning:
+                status = WARN
+            findings.append(Finding("slot", status, detail))
+        exists = await slots.publication_exists(conn, src.publication)
+        if not exists:
+            findings.append(
+                Finding("publication", OK if src.create_publication else FAIL, f"{src.publication!r} does not exist" + (" (will be created)" if src.create_publication else ""))
+            )
+        else:
+            tables = await slots.publication_tables(conn, src.publication)
+            findings.append(Finding("publication", OK, f"{src.publication!r}: {len(tables)} tables"))
+            findings.extend(await _replica_identity(conn, src.publication))
+    finally:
+        await source.close()
+    _table(findings, out)
+    failed = [f for f in findings if f.status == FAIL]
+    return EXIT_SOURCE if failed else EXIT_OK
+
+
+_IDENTITY_SQL = """
+SELECT pt.schemaname || '.' || pt.tablename, c.relreplident,
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) AS has_pk,
+       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) AS has_ri
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = $1 ORDER BY 1
+"""
+
+
+async def _replica_identity(conn: Any, publication: str) -> list[Finding]:
+    findings = []
+    for name, ident, has_pk, has_ri in await conn.fetch(_IDENTITY_SQL, publication):
+        ident = ident.decode() if isinstance(ident, bytes) else str(ident)
+        label = {"d": "default", "n": "nothing", "f": "full", "i": "index"}.get(ident, ident)
+        if ident == "n" or (ident == "d" and not has_pk) or (ident == "i" and not has_ri):
+            findings.append(
+                Finding(
+                    f"  {name}",
+                    WARN,
+                    f"replica identity {label} without a usable key: UPDATE/DELETE fail on the "
+                    "server or lose old values; add a primary key or ALTER TABLE ... REPLICA "
+                    "IDENTITY FULL",
+                )
+            )
+        else:
+            note = "primary key" if has_pk else "no primary key: consumers match by the whole row"
+            findings.append(Finding(f"  {name}", OK, f"replica identity {label}, {note}"))
+    return findings
+
+
+async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> int:
+    from cdcd.source import Source
+
+    src = config.source
+    source = Source(config)
+    try:
+        if action == "create":
+            await source.connect_catalog()
+            if src.create_publication:
+                await slots.ensure_publication(
+                    source.catalog_conn, src.publication, list(src.tables) or None
+                )
+            if await source.create_slot():
+                out.write(
+                    f"created slot {src.slot!r} at {format_lsn(source.consistent_point or 0)}\n"
+                )
+            else:
+                out.write(f"slot {src.slot!r} already exists\n")
+            return EXIT_OK
+        if action == "drop":
+            client = await source.replication_client()
+            try:
+                await client.drop_slot(src.slot)
+            except DefiniteSourceError as exc:
+                if "does not exist" in str(exc):
+                    out.write(f"slot {src.slot!r} does not exist\n")
+                    return EXIT_OK
+                raise
+            finally:
+                await client.close()
+            out.write(f"dropped slot {src.slot!r}\n")
+            return EXIT_OK
+        if action == "status":
+            await source.connect_catalog()
+            info = await slots.slot_info(source.catalog_conn, src.slot)
+            if info is None:
+                out.write(f"slot {src.slot!r} does not exist\n")
+                return EXIT_SOURCE
+            for field in (
+                "name", "plugin", "database", "active", "active_pid", "two_phase", "wal_status",
+                "safe_wal_size", "restart_lsn", "confirmed_flush_lsn", "invalidation_reason",
+            ):
+                value = getattr(info, field)
+                if field.endswith("_lsn") and value is not None:
+                    value = format_lsn(value)
+                out.write(f"{field:<20} {value}\n")
+            return EXIT_SOURCE if info.invalidated else EXIT_OK
+        raise ValueError(action)
+    finally:
+        await source.close()
+
+
+__all__ = ["SlotExists", "check_async", "slot_async"]

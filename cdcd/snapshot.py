@@ -1,0 +1,137 @@
+"""The initial snapshot: the rows that existed before the slot, as ``op: "r"`` events.
+
+``snapshot.mode``: ``initial`` snapshots when cdcd creates the slot and then streams;
+``initial_only`` snapshots and exits; ``never`` only streams.
+
+Consistency: the slot is created with ``SNAPSHOT 'export'``; while that replication connection
+stays open (and idle), an ordinary connection reads every published table inside
+``REPEATABLE READ`` with ``SET TRANSACTION SNAPSHOT`` — exactly the database state at the slot's
+consistent point, so streaming from the slot continues with no gap and no overlap
+(PostgreSQL docs, "Exported Snapshots" and CREATE_REPLICATION_SLOT). An exported snapshot cannot
+be resumed after a restart (PITFALLS): a state file records that a snapshot is running; if cdcd
+finds it unfinished at start, it drops the slot and snapshots again (events of the interrupted
+attempt may then appear twice in the sinks, with different positions: consumers keep the last
+``r`` event per key, as with Debezium's restarted snapshots).
+
+Positions: all snapshot events form one pseudo-transaction at ``commit_lsn`` = the slot's
+consistent point, ``seq`` counting across tables, which sorts them before every streamed change.
+Values are read as text with the same session settings as the replication connection and go
+through the same text converters as streamed changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
+
+_TABLES_SQL = """
+SELECT c.oid::int8, n.nspname, c.relname, c.relreplident
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = $1
+ORDER BY n.nspname, c.relname
+"""
+
+_COLUMNS_SQL = """
+SELECT a.attname, a.atttypid::int8, a.atttypmod,
+       COALESCE(a.attnum = ANY(i.indkey::int2[]), false) AS is_identity
+FROM pg_attribute a
+LEFT JOIN LATERAL (
+    SELECT indkey FROM pg_index
+    WHERE indrelid = a.attrelid AND (indisprimary OR indisreplident)
+    ORDER BY indisreplident DESC, indisprimary DESC LIMIT 1
+) i ON true
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum
+"""
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotTable:
+    relation: Relation
+    row_filter: str | None
+
+
+class SnapshotState:
+    """``<state_dir>/<slot>.snapshot.json``: whether a snapshot for the slot is unfinished."""
+
+    def __init__(self, state_dir: Path, slot: str) -> None:
+        self.path = state_dir / f"{slot}.snapshot.json"
+
+    def running(self) -> bool:
+        try:
+            return bool(json.loads(self.path.read_text()).get("status") == "running")
+        except FileNotFoundError:
+            return False
+
+    def _write(self, data: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name("." + self.path.name + ".tmp")
+        with tmp.open("w") as fh:
+            fh.write(json.dumps(data))
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(self.path)
+
+    def start(self, consistent_point: int) -> None:
+        self._write({"status": "running", "consistent_point": consistent_point})
+
+    def finish(self, consistent_point: int) -> None:
+        self._write({"status": "done", "consistent_point": consistent_point})
+
+
+async def published_tables(conn: Any, publication: str) -> list[SnapshotTable]:
+    """The publication's tables with their published columns and row filters."""
+    major = int(await conn.fetchval("SHOW server_version_num")) // 10000
+    extra = "pt.attnames, pt.rowfilter" if major >= 15 else "NULL::name[], NULL::text"
+    rows = await conn.fetch(
+        _TABLES_SQL.replace("SELECT c.oid::int8,", f"SELECT {extra}, c.oid::int8,"), publication
+    )
+    tables = []
+    for attnames, rowfilter, oid, schema, name, replident in rows:
+        published = set(attnames) if attnames is not None else None
+        columns = []
+        for col_name, type_oid, typmod, is_identity in await conn.fetch(_COLUMNS_SQL, oid):
+            if published is not None and col_name not in published:
+                continue
+            columns.append(Column(1 if is_identity else 0, col_name, type_oid, typmod))
+        ident = replident.decode() if isinstance(replident, bytes) else str(replident)
+        relation = Relation(None, oid, schema, name, ident, tuple(columns))
+        tables.append(SnapshotTable(relation, rowfilter))
+    return tables
+
+
+async def read_rows(
+    conn: Any, table: SnapshotTable, batch_size: int = 5000
+) -> AsyncIterator[list[TupleData]]:
+    """The table's rows as text-kind TupleData, in batches (inside the caller's transaction)."""
+    rel = table.relation
+    if not rel.columns:
+        return
+    select = ", ".join(f"{_quote_ident(c.name)}::text" for c in rel.columns)
+    sql = f"SELECT {select} FROM {_quote_ident(rel.namespace)}.{_quote_ident(rel.name)}"
+    if table.row_filter:
+        sql += f" WHERE {table.row_filter}"
+    width = len(rel.columns)
+    batch: list[TupleData] = []
+    async for record in conn.cursor(sql, prefetch=batch_size):
+        values = tuple(None if v is None else v.encode() for v in record)
+        kinds = bytes(KIND_NULL if v is None else KIND_TEXT for v in values)
+        assert len(values) == width
+        batch.append(TupleData(kinds, values))
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
