@@ -557,7 +557,7 @@ class Session:
 # --------------------------------------------------------------------------- errors
 
 
-_SLOT_LOST = ("can no longer get changes", "invalidated", "has been invalidated")
+_SLOT_LOST = ("can no longer get changes", "can no longer access", "invalidated")
 
 
 def source_error(err: ServerMessage, *, user: str = "", context: str = "") -> SourceError:
@@ -588,7 +588,7 @@ def source_error(err: ServerMessage, *, user: str = "", context: str = "") -> So
             "database to create publications)"
         )
     if code == "55000":
-        if any(s in lowered for s in _SLOT_LOST):
+        if any(s in f"{lowered} {err.detail or ''}".lower() for s in _SLOT_LOST):
             return DefiniteSourceError(
                 f"{head}{text}. The slot was invalidated (it fell behind "
                 "max_slot_wal_keep_size or was otherwise lost): drop and re-create the slot "

@@ -343,3 +343,32 @@ async def test_backpressure_bounds_buffering(pg_db: PgDatabase) -> None:
                     if kind == b"C":
                         break
         assert inserts == rows
+
+
+async def test_invalidated_slot_is_definite(pg_db: PgDatabase) -> None:
+    """A slot that fell behind max_slot_wal_keep_size is lost: START_REPLICATION fails with a
+    definite error telling the operator to re-create it and re-snapshot."""
+    cluster = pg_db.cluster
+    setup_table(pg_db)
+    async with await ReplicationClient.connect(params_for(pg_db)) as c:
+        await c.create_slot("lost")
+    cluster.set_settings(max_slot_wal_keep_size="1MB")
+    cluster.reload()
+    try:
+        status = "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'lost'"
+        for i in range(10):
+            pg_db.execute(f"INSERT INTO \"Items\" VALUES ({i}, 'x'); SELECT pg_switch_wal()")
+            pg_db.execute("CHECKPOINT")
+            if pg_db.fetchval(status) == "lost":
+                break
+        assert pg_db.fetchval(status) == "lost"
+    finally:
+        cluster.set_settings(max_slot_wal_keep_size=None)
+        cluster.reload()
+    async with await ReplicationClient.connect(params_for(pg_db)) as c:
+        with pytest.raises(DefiniteSourceError, match="re-create") as err:
+            await c.start_replication("lost", 0, {"proto_version": "1", "publication_names": "pub"})
+            async with asyncio.timeout(30):
+                async for _ in c.messages():
+                    pass
+        assert "lost" in str(err.value)
