@@ -171,7 +171,9 @@ class _TxnInfo:
     """What the events of one transaction share, and the source blocks built from it."""
 
     __slots__ = (
+        "_heads",
         "_sources",
+        "origin_json",
         "commit_lsn",
         "commit_time",
         "context",
@@ -202,6 +204,8 @@ class _TxnInfo:
         self.ts_ms = self.ts_us // 1000
         self.txid = f"{xid}:{commit_lsn}" if transactional else None
         self._sources: dict[tuple[int, str], Row] = {}
+        self._heads: dict[tuple[int, str], bytes] = {}
+        self.origin_json = b',"origin":' + orjson.dumps(origin) if origin is not None else b""
 
     def source_base(self, rel: _RelInfo | None, snapshot: str) -> Row:
         """The source fields shared by this transaction's events on one table (cached)."""
@@ -230,6 +234,18 @@ class _TxnInfo:
             self._sources[cache_key] = base
         return base
 
+    def source_head(self, rel: _RelInfo | None, snapshot: str) -> bytes:
+        """The JSON of the source fields before ``lsn`` (``{"version":...,"txId":...,``),
+        serialised once per table: the per-event fields are formatted onto it."""
+        cache_key = (id(rel), snapshot)
+        head = self._heads.get(cache_key)
+        if head is None:
+            base = self.source_base(rel, snapshot)
+            fixed = {k: base[k] for k in list(base)[: list(base).index("lsn")]}
+            head = orjson.dumps(fixed)[:-1] + b","
+            self._heads[cache_key] = head
+        return head
+
 
 _UNSET: Any = object()
 
@@ -244,6 +260,7 @@ class ChangeEvent:
         "_dco",
         "_extra",
         "_fill_tup",
+        "_json_body",
         "_json_rows",
         "_key",
         "_native_rows",
@@ -308,6 +325,7 @@ class ChangeEvent:
         self._key: Row | None = _UNSET
         self._source: Row | None = None
         self._value: Row | None = None
+        self._json_body: bytes | None = None
 
     def __repr__(self) -> str:
         where = f"{self.schema}.{self.table}" if self.table is not None else "message"
@@ -464,13 +482,58 @@ class ChangeEvent:
         return None if key is None else orjson.dumps(key)
 
     def value_json(self) -> bytes:
-        return orjson.dumps(self.value())
+        return self._body() + b"}"
 
     def record_json(self) -> bytes:
         """One JSON Lines line (without the newline): the value plus a top-level ``key``."""
-        record = self.value().copy()
-        record["key"] = self.key()
-        return orjson.dumps(record)
+        key = self.key()
+        return b"".join(
+            (self._body(), b',"key":', b"null" if key is None else orjson.dumps(key), b"}")
+        )
+
+    def _body(self) -> bytes:
+        """The value's JSON without its closing brace, cached.
+
+        The hot path: row events are assembled from the rows' JSON, the source fields
+        serialised once per transaction and table, and the per-event numbers, rather than by
+        serialising the whole :meth:`value` dict (same JSON, about twice as fast). Messages and
+        truncates serialise :meth:`value`."""
+        body = self._json_body
+        if body is not None:
+            return body
+        op = self.op
+        if op == "m" or op == "t":
+            body = orjson.dumps(self.value())[:-1]
+        else:
+            before, after, unchanged = self._rows(False)
+            txn = self._txn
+            lsn = self.lsn
+            seq = self.seq
+            prev = self._prev_lsn
+            first = "null" if prev is None else f'\\"{prev}\\"'
+            txid = txn.txid
+            block = (
+                "null"
+                if txid is None
+                else f'{{"id":"{txid}","total_order":{seq + 1},"data_collection_order":{self._dco}}}'
+            )
+            body = b"".join(
+                (
+                    b'{"before":',
+                    b"null" if before is None else orjson.dumps(before),
+                    b',"after":',
+                    b"null" if after is None else orjson.dumps(after),
+                    b',"source":',
+                    txn.source_head(self._rel, self._snapshot),
+                    f'"lsn":{lsn},"sequence":"[{first},\\"{lsn}\\"]","xmin":null,'
+                    f'"commit_lsn":{self.commit_lsn},"seq":{seq}'.encode(),
+                    txn.origin_json,
+                    b',"unchanged_toast":' + orjson.dumps(unchanged) if unchanged else b"",
+                    f'}},"op":"{op}","ts_ms":{self.ts_ms},"transaction":{block}'.encode(),
+                )
+            )
+        self._json_body = body
+        return body
 
 
 def _key_changed(key_idx: tuple[int, ...], old: TupleData, new: TupleData) -> bool:

@@ -321,3 +321,28 @@ def test_schema_info_describes_columns_and_key() -> None:
         "key": True,
     }
     assert [c["key"] for c in info["columns"]] == [True, False, False]
+
+
+def test_fast_json_is_byte_identical_to_serialising_the_value_dict() -> None:
+    full = relation(identity="f")
+    txn = (
+        TxnBuilder(20, 100, origin='o"rigin')
+        .insert(ORDERS, tup(1, "a\n\u00e9", None))
+        .update(ORDERS, tup(1, "b", U))
+        .update(full, tup(2, "bo", U), old=tup(1, "ann", "long"), kind="O")
+        .update(full, tup(2, "bo", U), old=tup(2, "ann", U), kind="O")
+        .delete(ORDERS, tup(1, None, None))
+        .truncate([ORDERS, ITEMS], TRUNCATE_CASCADE)
+        .message("p", b"\xff")
+        .build()
+    )
+    enc = encoder({("public", "orders"): ("id",)})
+    events = [
+        *enc.events(txn),
+        *enc.events(standalone_message(7, "q", b"")),
+        *enc.snapshot_events(ORDERS, [tup(5, "r", None)], commit_lsn=3, commit_time=0, last=True),
+    ]
+    for fresh, cached in zip(events, [*enc.events(txn), *events[len(events) - 2 :]], strict=False):
+        assert fresh.value_json() == orjson.dumps(cached.value())
+        record = {**cached.value(), "key": cached.key()}
+        assert fresh.record_json() == orjson.dumps(record)
