@@ -173,11 +173,11 @@ class _TxnInfo:
     __slots__ = (
         "_heads",
         "_sources",
-        "origin_json",
         "commit_lsn",
         "commit_time",
         "context",
         "origin",
+        "origin_json",
         "transactional",
         "ts_ms",
         "ts_us",
