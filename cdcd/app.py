@@ -49,7 +49,7 @@ from cdcd.errors import (
     TransientSinkError,
     TransientSourceError,
 )
-from cdcd.lsn import Progress, format_lsn
+from cdcd.lsn import Progress, format_lsn, unix_to_pg_us
 from cdcd.replication.client import ReplicationClient
 from cdcd.sinks.base import Sink, SinkContext
 from cdcd.sinks.encoding import Encoder
@@ -169,7 +169,7 @@ class Pipeline:
         from cdcd.source import Source  # local import: the source module wires asyncpg
 
         source = Source(cfg)
-        await source.prepare()  # wal_level, publication, slot (definite errors raise here)
+        plan = await source.prepare()  # wal_level, publication, slot (definite errors raise here)
         context = SinkContext(name=cfg.name, database=source.database, config_dir=cfg.config_dir)
         self._catalog_conn = source.catalog_conn
         self._catalog = LiveCatalog(source.catalog_conn)
@@ -183,6 +183,14 @@ class Pipeline:
         try:
             for sink in self.sinks:
                 await sink.start()
+            if plan is not None:
+                try:
+                    await self._snapshot(source, plan, encoder)
+                finally:
+                    await plan.close()
+            if cfg.snapshot.mode == "initial_only":
+                log.info("snapshot.mode is initial_only: done")
+                return EXIT_OK
             writer = asyncio.create_task(self._writer(encoder), name="writer")
             acker = asyncio.create_task(self._acker(), name="acker")
             reader = asyncio.create_task(self._reader_loop(source), name="reader")
@@ -214,6 +222,74 @@ class Pipeline:
                     await self._client.close()
             await source.close()
         return EXIT_OK
+
+    # -- initial snapshot --------------------------------------------------------------------
+
+    async def _snapshot(self, source: Any, plan: Any, encoder: Encoder) -> None:
+        """Read every published table at the slot's exported snapshot (see cdcd.snapshot)."""
+        from cdcd.snapshot import published_tables, read_rows
+        from cdcd.source import open_sql
+
+        assert self._catalog is not None
+        cfg = self.config
+        point = plan.consistent_point
+        conn = await open_sql(source.params, cfg.source.connect_timeout)
+        log.info("initial snapshot starting", consistent_point=format_lsn(point))
+        started = time.monotonic()
+        rows_total = 0
+        try:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                literal = "'" + plan.name.replace("'", "''") + "'"
+                await conn.execute(f"SET TRANSACTION SNAPSHOT {literal}")
+                tables = await published_tables(conn, cfg.source.publication)
+                commit_time = unix_to_pg_us(int(time.time() * 1_000_000))
+                txn = Transaction(
+                    kind="snapshot",
+                    xid=0,
+                    commit_lsn=point,
+                    end_lsn=point,
+                    commit_time=commit_time,
+                    size=0,
+                )
+                for sink in self.sinks:
+                    await sink.begin(txn)
+                pending: tuple[Any, list[Any]] | None = None
+                seq = 0
+
+                async def emit(relation: Any, rows: list[Any], last: bool) -> None:
+                    nonlocal seq
+                    events = list(
+                        encoder.snapshot_events(
+                            relation, rows, commit_lsn=point, commit_time=commit_time,
+                            first_seq=seq, last=last,
+                        )
+                    )
+                    seq += len(events)
+                    for sink in self.sinks:
+                        await sink.write(events)
+                    self.stats.events += len(events)
+
+                for table in tables:
+                    await self._catalog.on_relation(table.relation)
+                    async for rows in read_rows(conn, table, cfg.snapshot.batch_rows):
+                        if pending is not None:
+                            await emit(*pending, last=False)
+                        pending = (table.relation, rows)
+                        rows_total += len(rows)
+                if pending is not None:
+                    await emit(*pending, last=True)
+                for sink in self.sinks:
+                    await sink.commit(txn)
+            await self._flush_all()
+            self._handed_end_lsn = max(self._handed_end_lsn, point)
+            plan.state.finish(point)
+        finally:
+            await conn.close()
+        log.info(
+            "initial snapshot done",
+            rows=rows_total,
+            seconds=round(time.monotonic() - started, 3),
+        )
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -238,6 +238,10 @@ class SnapshotConfig(_Model):
     mode: Annotated[Literal["initial", "never", "initial_only"], BeforeValidator(_lowercase)] = (
         "initial"
     )
+    #: where cdcd records that a snapshot is running, so an interrupted one is redone
+    state_dir: ConfigPath = Field(default=Path("cdcd-state"), validate_default=True)
+    #: rows fetched per round trip while snapshotting
+    batch_rows: int = Field(default=5000, ge=1)
 
 
 class BufferConfig(_Model):

@@ -15,6 +15,7 @@ import asyncpg
 import structlog
 
 from cdcd.config import Config
+from cdcd.snapshot import SnapshotState
 from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.replication import slot as slots
 from cdcd.replication.client import ReplicationClient, SlotExists
@@ -56,6 +57,24 @@ async def open_sql(params: ConnParams, timeout: float) -> Any:
         ) from exc
 
 
+class SnapshotPlan:
+    """A slot just created with an exported snapshot, waiting to be read.
+
+    ``client`` is the replication connection that exported it: it must stay open and idle
+    until the snapshot has been read."""
+
+    def __init__(
+        self, client: ReplicationClient, name: str, consistent_point: int, state: SnapshotState
+    ) -> None:
+        self.client = client
+        self.name = name
+        self.consistent_point = consistent_point
+        self.state = state
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
 class Source:
     """Owns the catalog connection and opens replication connections on demand."""
 
@@ -72,8 +91,11 @@ class Source:
             self.catalog_conn = await open_sql(self.params, self.config.source.connect_timeout)
             self.database = await self.catalog_conn.fetchval("SELECT current_database()")
 
-    async def prepare(self) -> None:
-        """Check the server and set up the publication and slot as configured."""
+    async def prepare(self) -> SnapshotPlan | None:
+        """Check the server and set up the publication and slot as configured.
+
+        Returns a :class:`SnapshotPlan` when the slot was created here and the snapshot mode
+        asks for the existing rows."""
         src = self.config.source
         await self.connect_catalog()
         conn = self.catalog_conn
@@ -89,16 +111,56 @@ class Source:
                 "source.create_publication: true"
             )
         info = await slots.slot_info(conn, src.slot)
+        state = SnapshotState(self.config.snapshot.state_dir, src.slot)
+        wants_snapshot = self.config.snapshot.mode in ("initial", "initial_only")
+        if info is not None and wants_snapshot and state.running():
+            log.warning(
+                "the previous initial snapshot did not finish and cannot be resumed; dropping "
+                "the slot and snapshotting again",
+                slot=src.slot,
+            )
+            await self.drop_slot()
+            info = None
+        plan: SnapshotPlan | None = None
         if info is None:
             if not src.create_slot:
                 raise DefiniteSourceError(
                     f"replication slot {src.slot!r} does not exist; create it with "
                     "'cdcd slot create' or set source.create_slot: true"
                 )
-            await self.create_slot()
+            if wants_snapshot:
+                plan = await self.create_slot_with_snapshot(state)
+            else:
+                await self.create_slot()
             info = await slots.slot_info(conn, src.slot)
         if info is not None:
             self._check_slot(info)
+        return plan
+
+    async def create_slot_with_snapshot(self, state: SnapshotState) -> SnapshotPlan:
+        """Create the slot exporting its snapshot; the connection stays open for the reader."""
+        src = self.config.source
+        client = await self.replication_client()
+        try:
+            created = await client.create_slot(src.slot, two_phase=src.two_phase, snapshot="export")
+        except BaseException:
+            await client.close()
+            raise
+        if not created.snapshot_name:
+            await client.close()
+            raise DefiniteSourceError("the server did not export a snapshot for the new slot")
+        self.slot_created = True
+        self.consistent_point = created.consistent_point
+        state.start(created.consistent_point)
+        log.info("replication slot created with an exported snapshot", slot=src.slot)
+        return SnapshotPlan(client, created.snapshot_name, created.consistent_point, state)
+
+    async def drop_slot(self) -> None:
+        client = await self.replication_client()
+        try:
+            await client.drop_slot(self.config.source.slot)
+        finally:
+            await client.close()
 
     def _check_slot(self, info: Any) -> None:
         src = self.config.source

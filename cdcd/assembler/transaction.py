@@ -20,7 +20,7 @@ from typing import Literal
 
 from cdcd.decoder.events import Change, Relation
 
-TransactionKind = Literal["regular", "streamed", "prepared", "message"]
+TransactionKind = Literal["regular", "streamed", "prepared", "message", "snapshot"]
 
 
 @dataclass(frozen=True, slots=True)
