@@ -1,0 +1,412 @@
+"""KafkaSink against a real Kafka-protocol broker (tansu, or $CDCD_TEST_KAFKA_BOOTSTRAP).
+
+Records are read back with an independent AIOKafkaConsumer from the beginning of each topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
+
+from cdcd.assembler.transaction import Transaction
+from cdcd.errors import DefiniteSinkError
+from cdcd.sinks.base import SinkContext
+from cdcd.sinks.kafka import KafkaSink, KafkaSinkConfig
+from cdcd.sinks.registry import load_sink_class
+from tests.kafkaharness import KafkaBroker
+
+pytestmark = pytest.mark.kafka
+
+
+@dataclass
+class Event:
+    """Stands in for cdcd.sinks.encoding.ChangeEvent: the attributes and methods the sink uses."""
+
+    op: str
+    schema: str | None
+    table: str | None
+    lsn: int
+    commit_lsn: int
+    seq: int
+    xid: int | None
+    commit_time: int = 0
+    row: dict[str, Any] | None = None
+    keyval: dict[str, Any] | None = None
+    message: dict[str, Any] | None = None
+    relation: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.commit_lsn, self.seq)
+
+    def key(self) -> dict[str, Any] | None:
+        return self.keyval
+
+    def value(self) -> dict[str, Any]:
+        if self.op == "m":
+            return {"op": "m", "message": self.message, "source": {"commit_lsn": self.commit_lsn}}
+        before = self.row if self.op == "d" else None
+        after = None if self.op == "d" else self.row
+        return {
+            "before": before,
+            "after": after,
+            "op": self.op,
+            "source": {
+                "schema": self.schema,
+                "table": self.table,
+                "commit_lsn": self.commit_lsn,
+                "seq": self.seq,
+                "lsn": self.lsn,
+                "txId": self.xid,
+            },
+            **self.extra,
+        }
+
+    def key_json(self) -> bytes | None:
+        return None if self.keyval is None else orjson.dumps(self.keyval)
+
+    def value_json(self) -> bytes:
+        return orjson.dumps(self.value())
+
+
+class TxnBuilder:
+    """Builds consecutive transactions with increasing LSNs."""
+
+    def __init__(self) -> None:
+        self.lsn = 0x1000
+        self.xid = 700
+
+    def next(
+        self, changes: list[tuple[str, str, dict[str, Any]]], *, big: int = 0
+    ) -> tuple[Transaction, list[Event]]:
+        self.xid += 1
+        start = self.lsn
+        commit_lsn = start + 16 * (len(changes) + 1)
+        end_lsn = commit_lsn + 8
+        self.lsn = end_lsn + 8
+        events = []
+        for seq, (op, table, row) in enumerate(changes):
+            if op == "m":
+                events.append(
+                    Event(
+                        "m",
+                        None,
+                        None,
+                        start + 16 * seq,
+                        commit_lsn,
+                        seq,
+                        self.xid,
+                        message={"prefix": row["prefix"], "content": "aGk="},
+                    )
+                )
+                continue
+            if big:
+                row = {**row, "blob": "x" * big}
+            events.append(
+                Event(
+                    op,
+                    "public",
+                    table,
+                    start + 16 * seq,
+                    commit_lsn,
+                    seq,
+                    self.xid,
+                    row=row,
+                    keyval={"id": row["id"]},
+                )
+            )
+        txn = Transaction("regular", self.xid, commit_lsn, end_lsn, 0, len(events))
+        return txn, events
+
+
+def context(name: str) -> SinkContext:
+    return SinkContext(name=name, database="shop", config_dir=Path("."))
+
+
+def make_sink(broker: KafkaBroker, name: str, **options: Any) -> KafkaSink:
+    options.setdefault("idempotence", broker.supports_idempotence)
+    config = KafkaSinkConfig(bootstrap_servers=broker.bootstrap, **options)
+    return KafkaSink(config, context(name))
+
+
+async def run_txn(sink: KafkaSink, txn: Transaction, events: list[Event]) -> None:
+    await sink.begin(txn)
+    await sink.write(events)
+    await sink.commit(txn)
+
+
+async def consume(
+    bootstrap: str, topics: list[str], count: int, timeout: float = 30.0
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Read ``count`` records from the beginning of ``topics`` (fewer if the timeout passes)."""
+    consumer = AIOKafkaConsumer(
+        *topics, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(records) < count and loop.time() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for recs in batch.values():
+                records.extend(recs)
+    finally:
+        await consumer.stop()
+    return records
+
+
+def unique_name() -> str:
+    return "t" + uuid.uuid4().hex[:8]
+
+
+def test_registry_finds_kafka_sink() -> None:
+    assert load_sink_class("kafka") is KafkaSink
+
+
+async def test_records_keys_values_tombstones_headers_markers(kafka_broker: KafkaBroker) -> None:
+    name = unique_name()
+    sink = make_sink(kafka_broker, name, transaction_topic=True)
+    await sink.start()
+    try:
+        build = TxnBuilder()
+        t1, e1 = build.next([("c", "orders", {"id": 1, "v": "a"}), ("c", "items", {"id": 9})])
+        t2, e2 = build.next(
+            [
+                ("u", "orders", {"id": 1, "v": "b"}),
+                ("m", "", {"prefix": "pfx"}),
+                ("d", "orders", {"id": 1, "v": None}),
+            ]
+        )
+        await run_txn(sink, t1, e1)
+        await run_txn(sink, t2, e2)
+        await sink.flush()
+        assert sink.durable_lsn() == t2.end_lsn
+    finally:
+        await sink.close()
+
+    orders = await consume(kafka_broker.bootstrap, [f"{name}.public.orders"], 4)
+    assert [r.value and orjson.loads(r.value)["op"] for r in orders] == ["c", "u", "d", None]
+    assert {r.key for r in orders} == {b'{"id":1}'}
+    tombstone = orders[3]
+    assert tombstone.value is None
+    assert dict(tombstone.headers) == dict(orders[2].headers)
+    headers = dict(orders[1].headers)
+    assert headers == {
+        "cdcd.commit_lsn": str(t2.commit_lsn).encode(),
+        "cdcd.seq": b"0",
+        "cdcd.xid": str(t2.xid).encode(),
+        "cdcd.op": b"u",
+    }
+    assert orjson.loads(orders[0].value or b"") == e1[0].value()
+
+    items = await consume(kafka_broker.bootstrap, [f"{name}.public.items"], 1)
+    assert [orjson.loads(r.value or b"")["after"] for r in items] == [{"id": 9}]
+
+    messages = await consume(kafka_broker.bootstrap, [f"{name}.message"], 1)
+    assert len(messages) == 1
+    assert messages[0].key == b'{"prefix":"pfx"}'
+    assert orjson.loads(messages[0].value or b"")["message"]["prefix"] == "pfx"
+
+    markers = await consume(kafka_broker.bootstrap, [f"{name}.transaction"], 4)
+    values = sorted(
+        (orjson.loads(r.value or b"") for r in markers),
+        key=lambda v: (v["id"], v["status"] != "BEGIN"),
+    )
+    assert [(v["status"], v["event_count"]) for v in values] == [
+        ("BEGIN", None),
+        ("END", 2),
+        ("BEGIN", None),
+        ("END", 2),
+    ]
+    assert values[1]["id"] == f"{t1.xid}:{t1.commit_lsn}"
+    assert values[1]["data_collections"] == [
+        {"data_collection": "public.orders", "event_count": 1},
+        {"data_collection": "public.items", "event_count": 1},
+    ]
+
+
+async def test_no_tombstones_and_routing(kafka_broker: KafkaBroker) -> None:
+    name = unique_name()
+    routed = f"{name}-routed"
+    sink = make_sink(
+        kafka_broker, name, tombstones=False, routing={"public.orders": routed}, compression="gzip"
+    )
+    await sink.start()
+    try:
+        build = TxnBuilder()
+        txn, events = build.next([("c", "orders", {"id": 1}), ("d", "orders", {"id": 1})])
+        await run_txn(sink, txn, events)
+        await sink.flush()
+    finally:
+        await sink.close()
+    records = await consume(kafka_broker.bootstrap, [routed], 3, timeout=5)
+    assert [orjson.loads(r.value or b"")["op"] for r in records] == ["c", "d"]
+
+
+async def test_per_key_order_across_partitions(kafka_broker: KafkaBroker) -> None:
+    name = unique_name()
+    sink = make_sink(kafka_broker, name, partitions=3, linger_ms=1, max_batch_size=4096)
+    await sink.start()
+    build = TxnBuilder()
+    keys = 12
+    written: dict[int, list[tuple[int, int]]] = {k: [] for k in range(keys)}
+    try:
+        counter = itertools.count()
+        for _ in range(60):
+            changes = [("u", "hot", {"id": (next(counter) * 7) % keys, "n": i}) for i in range(5)]
+            txn, events = build.next(changes)
+            for e in events:
+                written[e.keyval["id"]].append(e.position)  # type: ignore[index]
+            await run_txn(sink, txn, events)
+        await sink.flush()
+        assert sink.durable_lsn() == txn.end_lsn
+    finally:
+        await sink.close()
+    records = await consume(kafka_broker.bootstrap, [f"{name}.public.hot"], 300)
+    assert len(records) == 300
+    assert len({r.partition for r in records}) > 1
+    seen: dict[int, list[tuple[int, int]]] = {k: [] for k in range(keys)}
+    partition_of: dict[int, int] = {}
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        key = orjson.loads(r.key or b"")["id"]
+        assert partition_of.setdefault(key, r.partition) == r.partition
+        source = orjson.loads(r.value or b"")["source"]
+        seen[key].append((source["commit_lsn"], source["seq"]))
+    assert seen == written
+
+
+async def test_idempotence_rejected_by_broker_is_a_clear_error(kafka_broker: KafkaBroker) -> None:
+    if kafka_broker.supports_idempotence:
+        pytest.skip("this broker supports idempotent producers")
+    sink = make_sink(kafka_broker, unique_name(), idempotence=True)
+    with pytest.raises(DefiniteSinkError, match="idempotence: false"):
+        await sink.start()
+    await sink.close()
+
+
+async def test_oversized_record_is_definite_and_not_acknowledged(kafka_broker: KafkaBroker) -> None:
+    name = unique_name()
+    sink = make_sink(kafka_broker, name, max_request_size=4096)
+    await sink.start()
+    try:
+        build = TxnBuilder()
+        t1, e1 = build.next([("c", "orders", {"id": 1})])
+        await run_txn(sink, t1, e1)
+        t2, e2 = build.next([("c", "orders", {"id": 2}), ("c", "orders", {"id": 3})], big=10_000)
+        await sink.begin(t2)
+        with pytest.raises(DefiniteSinkError) as info:
+            await sink.write(e2)
+        message = str(info.value)
+        assert f"{name}.public.orders" in message
+        assert '{"id":2}' in message and "max_request_size" in message
+        assert "seq 0" in message
+        with pytest.raises(DefiniteSinkError):
+            await sink.commit(t2)
+        with pytest.raises(DefiniteSinkError):
+            await sink.flush()
+        assert sink.durable_lsn() == t1.end_lsn
+    finally:
+        await sink.close()
+
+
+@pytest.mark.parametrize(
+    ("request_timeout", "restart"),
+    [("2s", False), ("30s", False), ("30s", True)],
+    ids=["expiring-batches", "producer-retries", "broker-restart"],
+)
+async def test_broker_outage_blocks_then_resumes(
+    restartable_kafka_broker: KafkaBroker, request_timeout: str, restart: bool
+) -> None:
+    """The broker goes away for 5 s while transactions are written. 2s request timeout:
+    batches expire meanwhile and the sink replays them; 30s: aiokafka's own retries carry them
+    over. With ``restart`` the broker process restarts and loses what it held before."""
+    broker = restartable_kafka_broker
+    name = unique_name()
+    sink = make_sink(
+        broker, name, request_timeout=request_timeout, retry_backoff="200ms", linger_ms=0
+    )
+    await sink.start()
+    build = TxnBuilder()
+    try:
+        t1, e1 = build.next([("c", "orders", {"id": 1})])
+        await run_txn(sink, t1, e1)
+        await sink.flush()
+        assert sink.durable_lsn() == t1.end_lsn
+
+        await broker.stop()
+        later = [
+            build.next([("c", "orders", {"id": 10 + i}), ("u", "orders", {"id": 1, "n": i})])
+            for i in range(5)
+        ]
+
+        async def write_all() -> None:
+            for txn, events in later:
+                await run_txn(sink, txn, events)
+            await sink.flush()
+
+        writer = asyncio.create_task(write_all())
+        await asyncio.sleep(5)
+        assert not writer.done()
+        assert sink.durable_lsn() == t1.end_lsn
+        await (broker.restart() if restart else broker.start())
+        await asyncio.wait_for(writer, 60)
+        assert sink.durable_lsn() == later[-1][0].end_lsn
+    finally:
+        await sink.close()
+
+    expected = {e.position for _, events in later for e in events}
+    if not restart:
+        expected |= {e.position for e in e1}
+    records = await consume(broker.bootstrap, [f"{name}.public.orders"], len(expected))
+    positions = {
+        (
+            orjson.loads(r.value or b"")["source"]["commit_lsn"],
+            orjson.loads(r.value or b"")["source"]["seq"],
+        )
+        for r in records
+    }
+    assert positions == expected
+    updates = [
+        orjson.loads(r.value or b"")["after"]["n"]
+        for r in sorted(records, key=lambda r: (r.partition, r.offset))
+        if r.key == b'{"id":1}' and r.value and orjson.loads(r.value)["op"] == "u"
+    ]
+    # per key: commit order, possibly followed by a replayed suffix in commit order
+    assert updates[:5] == [0, 1, 2, 3, 4]
+    assert updates[5:] == sorted(updates[5:]) and updates[-1] == 4
+
+
+async def test_unreachable_at_start_gives_up(kafka_broker: KafkaBroker) -> None:
+    from tests.kafkaharness import free_port
+
+    config = KafkaSinkConfig(
+        bootstrap_servers=f"127.0.0.1:{free_port()}",
+        idempotence=False,
+        give_up_after="3s",
+        retry_backoff="200ms",
+        request_timeout="1s",
+    )
+    sink = KafkaSink(config, context(unique_name()))
+    with pytest.raises(DefiniteSinkError, match="give_up_after"):
+        await sink.start()
+    await sink.close()
+
+
+def test_config_rejects_unknown_keys_and_parses_durations() -> None:
+    with pytest.raises(ValueError, match="extra"):
+        KafkaSinkConfig(bootstrap_servers="x:1", nonsense=1)  # type: ignore[call-arg]
+    config = KafkaSinkConfig(
+        bootstrap_servers="x:1", give_up_after="2m", request_timeout="500ms", sasl_password="s3cret"
+    )
+    assert config.give_up_after == 120.0 and config.request_timeout == 0.5
+    assert "s3cret" not in repr(config)
