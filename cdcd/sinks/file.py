@@ -88,6 +88,8 @@ SCHEMA_FOLDER = "_schema"
 _DATA_NAME = re.compile(r"([0-9A-F]{16})-([0-9A-F]{8})(\.[a-z]+)")
 _TXN_NAME = re.compile(r"([0-9A-F]{16})\.jsonl")
 _TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: transactions that get BEGIN/END markers (not lone messages, not the snapshot pseudo-transaction)
+_MARKED_KINDS = frozenset({"regular", "streamed", "prepared"})
 
 
 class FileSinkConfig(BaseModel):
@@ -555,7 +557,7 @@ class FileSink(Sink):
             await self.start()
         self._txn = txn
         self._txn_counts = {}
-        if self.config.transactions and txn.kind != "message":
+        if self.config.transactions and txn.kind in _MARKED_KINDS:
             with self._failing():
                 self._marker(txn, "BEGIN")
 
@@ -566,7 +568,7 @@ class FileSink(Sink):
 
     async def commit(self, txn: Transaction) -> None:
         self._check()
-        if self.config.transactions and txn.kind != "message":
+        if self.config.transactions and txn.kind in _MARKED_KINDS:
             with self._failing():
                 self._marker(txn, "END")
         self._txn = None
