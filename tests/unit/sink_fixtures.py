@@ -1,19 +1,14 @@
 """Builders for the sink unit tests: Relations, text TupleData and Transactions made directly
-from pgoutput events, with no server.
-
-Until :mod:`cdcd.decoder.types` exists, :func:`install_types_standin` puts a minimal stand-in
-in ``sys.modules`` (text columns as str, int2/int4/int8 as int, bool); the tests only use
-values that the real module converts the same way.
-"""
+from pgoutput events, with no server. Values are converted by the real
+:mod:`cdcd.decoder.types` (the tests use int4 and text columns)."""
 
 from __future__ import annotations
 
-import sys
-import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.decoder.events import (
     KIND_NULL,
     KIND_TEXT,
@@ -27,75 +22,15 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
+from cdcd.sinks.base import SinkContext
+from cdcd.sinks.catalog import StaticCatalog
+from cdcd.sinks.encoding import Encoder
 
 INT4 = 23
 INT8 = 20
 TEXT = 25
 BOOL = 16
 
-
-def install_types_standin() -> None:
-    try:
-        import cdcd.decoder.types  # noqa: F401
-
-        return
-    except ImportError:
-        pass
-    module = types.ModuleType("cdcd.decoder.types")
-    unchanged = "__debezium_unavailable_value"
-    names = {INT4: "int4", INT8: "int8", TEXT: "text", BOOL: "bool", 21: "int2"}
-
-    def convert(oid: int, raw: bytes) -> Any:
-        text = raw.decode()
-        if oid in (20, 21, 23):
-            return int(text)
-        if oid == BOOL:
-            return text == "t"
-        return text
-
-    class TypeRegistry:
-        def observe(self, msg: Any) -> None:
-            pass
-
-        def type_name(self, oid: int) -> str:
-            return names.get(oid, str(oid))
-
-    class RowDecoder:
-        def __init__(self, relation: Relation, registry: Any, target: str) -> None:
-            self.names = tuple(c.name for c in relation.columns)
-            self._oids = tuple(c.type_oid for c in relation.columns)
-            self._target = target
-
-        def decode(self, tup: TupleData) -> dict[str, Any]:
-            row: dict[str, Any] = {}
-            for name, oid, kind, raw in zip(
-                self.names, self._oids, tup.kinds, tup.values, strict=False
-            ):
-                if kind == KIND_UNCHANGED_TOAST:
-                    row[name] = unchanged if self._target == "json" else None
-                elif raw is None:
-                    row[name] = None
-                else:
-                    row[name] = convert(oid, raw)
-            return row
-
-        def unchanged(self, tup: TupleData) -> list[str]:
-            return [
-                n for n, k in zip(self.names, tup.kinds, strict=False) if k == KIND_UNCHANGED_TOAST
-            ]
-
-    module.UNCHANGED_TOAST = unchanged  # type: ignore[attr-defined]
-    module.TypeRegistry = TypeRegistry  # type: ignore[attr-defined]
-    module.RowDecoder = RowDecoder  # type: ignore[attr-defined]
-    sys.modules["cdcd.decoder.types"] = module
-
-
-install_types_standin()
-
-from cdcd.assembler.transaction import ChangeRecord, Transaction  # noqa: E402
-from cdcd.sinks.base import SinkContext  # noqa: E402
-from cdcd.sinks.catalog import StaticCatalog  # noqa: E402
-from cdcd.sinks.encoding import Encoder  # noqa: E402
 
 CONTEXT = SinkContext(name="shop", database="shopdb", config_dir=Path("/nonexistent"))
 U = object()  # marks an unchanged TOAST value in tup()
