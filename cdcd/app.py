@@ -49,7 +49,7 @@ from cdcd.errors import (
     TransientSinkError,
     TransientSourceError,
 )
-from cdcd.lsn import Progress, format_lsn, unix_to_pg_us
+from cdcd.lsn import Progress, format_lsn, pg_to_unix_us, unix_to_pg_us
 from cdcd.replication.client import ReplicationClient
 from cdcd.sinks.base import Sink, SinkContext
 from cdcd.sinks.encoding import Encoder
@@ -128,6 +128,9 @@ class Stats:
     last_commit_time_us: int = 0
     streaming: bool = False
     connected: bool = False
+    slot_wal_status: str | None = None
+    slot_safe_wal_size: int | None = None
+    slot_retained_bytes: int = 0
 
 
 class Pipeline:
@@ -154,6 +157,22 @@ class Pipeline:
         self._catalog_conn: Any = None
         self._assembler: Assembler | None = None
         self._last_flush: dict[int, float] = {}
+        self.health: Any = None
+
+    @property
+    def assembler(self) -> Assembler | None:
+        return self._assembler
+
+    def lag_seconds(self) -> float:
+        """Now minus the commit time of the last delivered transaction; 0 when caught up."""
+        idle = (
+            (self._assembler is None or self._assembler.idle)
+            and self._queue.empty()
+            and not self._writer_busy
+        )
+        if idle or not self.stats.last_commit_time_us:
+            return 0.0
+        return max(0.0, time.time() - pg_to_unix_us(self.stats.last_commit_time_us) / 1e6)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -169,6 +188,11 @@ class Pipeline:
         from cdcd.source import Source  # local import: the source module wires asyncpg
 
         source = Source(cfg)
+        if cfg.http.enabled and self.health is None:
+            from cdcd.health import Health
+
+            self.health = Health(self)
+            await self.health.start(cfg.http.host, cfg.http.port)
         plan = await source.prepare()  # wal_level, publication, slot (definite errors raise here)
         context = SinkContext(name=cfg.name, database=source.database, config_dir=cfg.config_dir)
         self._catalog_conn = source.catalog_conn
@@ -194,8 +218,9 @@ class Pipeline:
             writer = asyncio.create_task(self._writer(encoder), name="writer")
             acker = asyncio.create_task(self._acker(), name="acker")
             reader = asyncio.create_task(self._reader_loop(source), name="reader")
+            poller = asyncio.create_task(self._slot_poller(source), name="slot-poller")
             stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
-            tasks = {writer, acker, reader, stop_waiter}
+            tasks = {writer, acker, reader, poller, stop_waiter}
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -221,6 +246,8 @@ class Pipeline:
                 with contextlib.suppress(Exception):
                     await self._client.close()
             await source.close()
+            if self.health is not None:
+                await self.health.close()
         return EXIT_OK
 
     # -- initial snapshot --------------------------------------------------------------------
@@ -260,14 +287,19 @@ class Pipeline:
                     nonlocal seq
                     events = list(
                         encoder.snapshot_events(
-                            relation, rows, commit_lsn=point, commit_time=commit_time,
-                            first_seq=seq, last=last,
+                            relation,
+                            rows,
+                            commit_lsn=point,
+                            commit_time=commit_time,
+                            first_seq=seq,
+                            last=last,
                         )
                     )
                     seq += len(events)
                     for sink in self.sinks:
                         await sink.write(events)
                     self.stats.events += len(events)
+                    self._count(events)
 
                 for table in tables:
                     await self._catalog.on_relation(table.relation)
@@ -312,7 +344,9 @@ class Pipeline:
                         f"giving up after {src.give_up_after:.0f} s of failed connections: {exc}"
                     ) from exc
                 self.stats.reconnects += 1
-                log.warning("source connection lost; reconnecting", error=str(exc), backoff_s=backoff)
+                log.warning(
+                    "source connection lost; reconnecting", error=str(exc), backoff_s=backoff
+                )
                 await self._close_client()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, src.reconnect_max_backoff)
@@ -399,25 +433,42 @@ class Pipeline:
             if txn is None:
                 return
             self._writer_busy = True
+            clock = time.perf_counter
+            spent = [0.0] * len(sinks)
             try:
-                for sink in sinks:
+                for i, sink in enumerate(sinks):
+                    t0 = clock()
                     await sink.begin(txn)
+                    spent[i] += clock() - t0
                 for batch in encoder.batches(txn):
-                    for sink in sinks:
+                    for i, sink in enumerate(sinks):
+                        t0 = clock()
                         await sink.write(batch)
+                        spent[i] += clock() - t0
                     stats.events += len(batch)
-                    for event in batch:
-                        key = (f"{event.schema}.{event.table}", event.op)
-                        stats.events_by[key] = stats.events_by.get(key, 0) + 1
-                for sink in sinks:
+                    self._count(batch)
+                for i, sink in enumerate(sinks):
+                    t0 = clock()
                     await sink.commit(txn)
+                    spent[i] += clock() - t0
             finally:
                 txn.release()
+            if self.health is not None:
+                for i, sink in enumerate(sinks):
+                    self.health.sink_write_seconds.labels(sink.type_name).observe(spent[i])
             self._handed_end_lsn = max(self._handed_end_lsn, txn.end_lsn)
             stats.transactions += 1
             stats.last_commit_time_us = txn.commit_time
             self._writer_busy = False
             await self._maybe_flush(idle=queue.empty())
+
+    def _count(self, events: list[Any]) -> None:
+        """Per table and op counters (logical messages count under ``_messages``)."""
+        events_by = self.stats.events_by
+        for event in events:
+            table = "_messages" if event.table is None else f"{event.schema}.{event.table}"
+            key = (table, event.op)
+            events_by[key] = events_by.get(key, 0) + 1
 
     async def _maybe_flush(self, *, idle: bool) -> None:
         now = time.monotonic()
@@ -434,7 +485,12 @@ class Pipeline:
         delay = 0.5
         while True:
             try:
+                t0 = time.perf_counter()
                 await sink.flush()
+                if self.health is not None:
+                    self.health.sink_flush_seconds.labels(sink.type_name).observe(
+                        time.perf_counter() - t0
+                    )
                 return
             except TransientSinkError as exc:
                 log.warning("sink flush failed; retrying", sink=sink.type_name, error=str(exc))
@@ -444,6 +500,53 @@ class Pipeline:
     async def _flush_all(self) -> None:
         for sink in self.sinks:
             await self._flush_sink(sink)
+
+    # -- watching the slot ---------------------------------------------------------------------
+
+    async def _slot_poller(self, source: Any, interval: float = 15.0) -> None:
+        """Poll the slot's wal_status, safe_wal_size and retained WAL for metrics and warnings."""
+        src = self.config.source
+        sql = (
+            "SELECT wal_status, safe_wal_size, pg_current_wal_lsn()::text, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 "
+            "FROM pg_replication_slots WHERE slot_name = $1"
+        )
+        from cdcd.source import open_sql
+
+        warned = False
+        conn: Any = None
+        while True:
+            row = None
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await open_sql(source.params, src.connect_timeout)
+                row = await conn.fetchrow(sql, src.slot)
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.terminate()
+                raise
+            except Exception as exc:  # best effort: metrics only
+                log.debug("slot poll failed", error=str(exc))
+            if row is not None:
+                from cdcd.lsn import parse_lsn
+
+                s = self.stats
+                s.slot_wal_status = row[0]
+                s.slot_safe_wal_size = row[1]
+                s.server_wal_end = max(s.server_wal_end, parse_lsn(row[2]))
+                s.slot_retained_bytes = row[3] or 0
+                if s.slot_retained_bytes > src.retained_wal_warning and not warned:
+                    log.warning(
+                        "the slot retains more WAL than source.retained_wal_warning",
+                        retained_bytes=s.slot_retained_bytes,
+                        budget_bytes=src.retained_wal_warning,
+                        wal_status=row[0],
+                        safe_wal_size=row[1],
+                    )
+                    warned = True
+                elif s.slot_retained_bytes <= src.retained_wal_warning:
+                    warned = False
+            await asyncio.sleep(interval)
 
     # -- acknowledging -----------------------------------------------------------------------
 

@@ -26,8 +26,11 @@ ORDER BY i.indisprimary DESC
 """
 
 _TYPE_SQL = """
-SELECT t.oid::int8, n.nspname, t.typname, t.typtype, t.typbasetype::int8, t.typelem::int8,
-       t.typcategory
+SELECT t.oid::int8, n.nspname, t.typname, t.typtype, t.typbasetype::int8,
+       CASE WHEN t.typcategory = 'A' THEN t.typelem
+            WHEN t.typtype = 'r' THEN (SELECT rngsubtype FROM pg_range WHERE rngtypid = t.oid)
+            WHEN t.typtype = 'm' THEN (SELECT rngtypid FROM pg_range WHERE rngmultitypid = t.oid)
+            ELSE 0 END::int8
 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
 WHERE t.oid = $1
 """
@@ -84,7 +87,7 @@ class LiveCatalog:
             name=row[2],
             category=row[3].decode() if isinstance(row[3], bytes) else str(row[3]),
             base_oid=row[4],
-            elem_oid=row[5],
+            elem_oid=row[5] or 0,  # array element, range subtype or multirange's range type
         )
         self.types.register(info)
         for dependency in (info.base_oid, info.elem_oid):

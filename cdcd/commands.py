@@ -55,7 +55,9 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
     try:
         version_num = int(await conn.fetchval("SHOW server_version_num"))
         version = await conn.fetchval("SHOW server_version")
-        findings.append(Finding("connection", OK, f"{source.params.describe()} as {source.params.user}"))
+        findings.append(
+            Finding("connection", OK, f"{source.params.describe()} as {source.params.user}")
+        )
         findings.append(Finding("server version", OK, str(version)))
         try:
             await slots.check_wal_level(conn)
@@ -79,14 +81,29 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
             )
         elif src.create_publication and not privileges["create_on_database"]:
             findings.append(
-                Finding("privileges", WARN, "no CREATE on the database: cannot create the publication")
+                Finding(
+                    "privileges", WARN, "no CREATE on the database: cannot create the publication"
+                )
             )
         else:
-            findings.append(Finding("privileges", OK, "replication" + (", superuser" if privileges["rolsuper"] else "")))
+            findings.append(
+                Finding(
+                    "privileges",
+                    OK,
+                    "replication" + (", superuser" if privileges["rolsuper"] else ""),
+                )
+            )
         info = await slots.slot_info(conn, src.slot)
         if info is None:
             status = OK if src.create_slot else FAIL
-            findings.append(Finding("slot", status, f"{src.slot!r} does not exist" + (" (will be created)" if src.create_slot else "")))
+            findings.append(
+                Finding(
+                    "slot",
+                    status,
+                    f"{src.slot!r} does not exist"
+                    + (" (will be created)" if src.create_slot else ""),
+                )
+            )
         else:
             lag = await conn.fetchval(
                 "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 "
@@ -105,11 +122,18 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
         exists = await slots.publication_exists(conn, src.publication)
         if not exists:
             findings.append(
-                Finding("publication", OK if src.create_publication else FAIL, f"{src.publication!r} does not exist" + (" (will be created)" if src.create_publication else ""))
+                Finding(
+                    "publication",
+                    OK if src.create_publication else FAIL,
+                    f"{src.publication!r} does not exist"
+                    + (" (will be created)" if src.create_publication else ""),
+                )
             )
         else:
             tables = await slots.publication_tables(conn, src.publication)
-            findings.append(Finding("publication", OK, f"{src.publication!r}: {len(tables)} tables"))
+            findings.append(
+                Finding("publication", OK, f"{src.publication!r}: {len(tables)} tables")
+            )
             findings.extend(await _replica_identity(conn, src.publication))
     finally:
         await source.close()
@@ -189,8 +213,17 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
                 out.write(f"slot {src.slot!r} does not exist\n")
                 return EXIT_SOURCE
             for field in (
-                "name", "plugin", "database", "active", "active_pid", "two_phase", "wal_status",
-                "safe_wal_size", "restart_lsn", "confirmed_flush_lsn", "invalidation_reason",
+                "name",
+                "plugin",
+                "database",
+                "active",
+                "active_pid",
+                "two_phase",
+                "wal_status",
+                "safe_wal_size",
+                "restart_lsn",
+                "confirmed_flush_lsn",
+                "invalidation_reason",
             ):
                 value = getattr(info, field)
                 if field.endswith("_lsn") and value is not None:

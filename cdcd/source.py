@@ -15,22 +15,18 @@ import asyncpg
 import structlog
 
 from cdcd.config import Config
-from cdcd.snapshot import SnapshotState
 from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.replication import slot as slots
 from cdcd.replication.client import ReplicationClient, SlotExists
+from cdcd.snapshot import SnapshotState
 from cdcd.wire.dsn import ConnParams, parse_dsn
+from cdcd.wire.session import DEFAULT_GUCS
 
 log = structlog.get_logger("cdcd.source")
 
-#: GUCs every cdcd session on the source uses, so text values render the same everywhere.
-SESSION_GUCS = {
-    "DateStyle": "ISO, MDY",
-    "TimeZone": "UTC",
-    "IntervalStyle": "iso_8601",
-    "extra_float_digits": "3",
-    "bytea_output": "hex",
-}
+#: GUCs every cdcd session on the source uses (the replication connection's, in one place),
+#: so text values render the same everywhere.
+SESSION_GUCS = DEFAULT_GUCS
 
 
 def conn_params(config: Config) -> ConnParams:
@@ -52,9 +48,7 @@ async def open_sql(params: ConnParams, timeout: float) -> Any:
     except asyncpg.InvalidCatalogNameError as exc:
         raise DefiniteSourceError(f"database {params.dbname!r} does not exist: {exc}") from exc
     except (OSError, TimeoutError, asyncpg.CannotConnectNowError) as exc:
-        raise TransientSourceError(
-            f"cannot connect to {params.host}:{params.port}: {exc}"
-        ) from exc
+        raise TransientSourceError(f"cannot connect to {params.host}:{params.port}: {exc}") from exc
 
 
 class SnapshotPlan:

@@ -47,7 +47,9 @@ def cdcd_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "cdcd", *args]
 
 
-def run_cdcd(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_cdcd(
+    *args: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run the CLI to completion; on failure the assertion shows its output."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
@@ -64,7 +66,9 @@ def run_cdcd(*args: str, timeout: float = 120, check: bool = True) -> subprocess
 def start_cdcd(*args: str, log_path: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     out = log_path.open("ab")
-    return subprocess.Popen(cdcd_cmd(*args), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    return subprocess.Popen(
+        cdcd_cmd(*args), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO
+    )
 
 
 def data_files(folder: Path, suffix: str = ".jsonl") -> list[Path]:
@@ -72,7 +76,8 @@ def data_files(folder: Path, suffix: str = ".jsonl") -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(
-        p for p in folder.iterdir()
+        p
+        for p in folder.iterdir()
         if p.is_file() and p.name.endswith(suffix) and not p.name.startswith(("_", "."))
     )
 
@@ -110,7 +115,9 @@ def assert_no_duplicates(events: Iterable[dict[str, Any]]) -> None:
         seen[pos] = event
 
 
-def rebuild(events: Iterable[dict[str, Any]], key_columns: tuple[str, ...]) -> dict[tuple[Any, ...], dict[str, Any]]:
+def rebuild(
+    events: Iterable[dict[str, Any]], key_columns: tuple[str, ...]
+) -> dict[tuple[Any, ...], dict[str, Any]]:
     """Apply events in (commit_lsn, seq) order to an empty table; rows by key."""
     state: dict[tuple[Any, ...], dict[str, Any]] = {}
     for event in sorted(events, key=position):
@@ -146,3 +153,85 @@ def normalize(value: Any) -> Any:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+# --------------------------------------------------------------------------- checked reading
+# (added for tests/integration/test_e2e_*.py)
+
+UNAVAILABLE = "__debezium_unavailable_value"
+
+
+def file_name(event: dict[str, Any], suffix: str = ".jsonl") -> str:
+    """CONTRACT §4: the name of a data file whose first event is ``event``."""
+    commit_lsn, seq = position(event)
+    return f"{commit_lsn:016X}-{seq:08X}{suffix}"
+
+
+def checked_events(out: Path, table: str) -> list[dict[str, Any]]:
+    """:func:`read_events`, asserting the file layout: every file is named after its first event,
+    sorting the names sorts the events (strictly: no position twice)."""
+    events: list[dict[str, Any]] = []
+    for path in data_files(out / table):
+        lines = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+        assert lines, f"{path} is empty"
+        assert path.name == file_name(lines[0]), f"{path.name} is not named after its first event"
+        events.extend(lines)
+    positions = [position(e) for e in events]
+    assert positions == sorted(set(positions)), (
+        f"{table}: file order is not event order, or a duplicate"
+    )
+    return events
+
+
+def _fill_unavailable(row: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """An update's ``after`` with unchanged-TOAST markers replaced by the previous values."""
+    if UNAVAILABLE not in row.values():
+        return row
+    assert previous is not None, f"unchanged TOAST value for a row never seen: {row}"
+    return {c: previous[c] if v == UNAVAILABLE else v for c, v in row.items()}
+
+
+def apply_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The table state after applying ``events`` in ``(commit_lsn, seq)`` order, as a consumer
+    would: rows matched by ``key`` when the event has one, else by the whole ``before`` row
+    (a table without key: duplicate rows are kept); unchanged-TOAST markers keep the previous
+    value. Returns the rows (unordered)."""
+    keyed: dict[str, dict[str, Any]] = {}
+    keyless: list[dict[str, Any]] = []
+
+    def take_keyless(before: dict[str, Any] | None) -> dict[str, Any]:
+        assert before is not None, "update/delete of a keyless table without a before image"
+        for i, row in enumerate(keyless):
+            if row == before:
+                return keyless.pop(i)
+        raise AssertionError(f"no row equal to before {before}")
+
+    for event in sorted(events, key=position):
+        op, key = event["op"], event.get("key")
+        ident = orjson.dumps(key, option=orjson.OPT_SORT_KEYS).decode() if key is not None else None
+        if op == "t":
+            keyed.clear()
+            keyless.clear()
+        elif op in ("c", "r"):
+            if ident is None:
+                keyless.append(event["after"])
+            else:
+                keyed[ident] = event["after"]
+        elif op == "u":
+            if ident is None:
+                old = take_keyless(event["before"])
+                keyless.append(_fill_unavailable(event["after"], old))
+            else:
+                keyed[ident] = _fill_unavailable(event["after"], keyed.get(ident))
+        elif op == "d":
+            if ident is None:
+                take_keyless(event["before"])
+            else:
+                assert keyed.pop(ident, None) is not None, f"delete of an unknown row {key}"
+    return list(keyed.values()) + keyless
+
+
+def comparable(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with :func:`normalize`d values, sorted, for comparing table states."""
+    normal = [{c: normalize(v) for c, v in row.items()} for row in rows]
+    return sorted(normal, key=lambda r: sorted((c, repr(v)) for c, v in r.items()))

@@ -53,6 +53,7 @@ DEFAULT_GUCS: dict[str, str] = {
     "IntervalStyle": "iso_8601",
     "extra_float_digits": "3",
     "bytea_output": "hex",
+    "lc_monetary": "C",
 }
 
 

@@ -1,0 +1,208 @@
+"""The HTTP endpoint: ``/healthz`` (alive), ``/readyz`` (connected and streaming) and
+``/metrics`` (Prometheus text format).
+
+Metrics are read from the pipeline's counters when scraped (a custom collector), so the hot
+path only increments plain integers. The one histogram, sink write latency, is observed once
+per transaction and sink. The server is a deliberately tiny HTTP/1.1 responder on asyncio
+streams: three GET routes, no keep-alive, no dependencies beyond prometheus-client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from cdcd.app import Pipeline
+
+log = structlog.get_logger("cdcd.health")
+
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+
+
+class PipelineCollector(Collector):
+    """Reads :class:`cdcd.app.Stats` and the assembler's gauges at scrape time."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def collect(self) -> Iterator[Any]:
+        p = self.pipeline
+        s = p.stats
+        yield CounterMetricFamily(
+            "cdcd_received_bytes", "pgoutput payload bytes received", value=s.received_bytes
+        )
+        yield CounterMetricFamily(
+            "cdcd_received_messages", "pgoutput messages received", value=s.received_messages
+        )
+        yield CounterMetricFamily(
+            "cdcd_transactions",
+            "committed transactions delivered to the sinks",
+            value=s.transactions,
+        )
+        events = CounterMetricFamily(
+            "cdcd_events", "change events delivered, by table and op", labels=["table", "op"]
+        )
+        for (table, op), count in sorted(s.events_by.items()):
+            events.add_metric([table, op], count)
+        yield events
+        yield CounterMetricFamily(
+            "cdcd_reconnects", "reconnections to the source after a failure", value=s.reconnects
+        )
+        yield GaugeMetricFamily(
+            "cdcd_acknowledged_lsn",
+            "LSN confirmed to the server (flush position)",
+            value=s.confirmed_lsn,
+        )
+        yield GaugeMetricFamily(
+            "cdcd_server_wal_lsn",
+            "the server's current WAL position (polled)",
+            value=s.server_wal_end,
+        )
+        yield GaugeMetricFamily(
+            "cdcd_replication_lag_bytes",
+            "server WAL position minus the acknowledged LSN",
+            value=max(0, s.server_wal_end - s.confirmed_lsn) if s.server_wal_end else 0,
+        )
+        yield GaugeMetricFamily(
+            "cdcd_replication_lag_seconds",
+            "now minus the commit time of the last delivered transaction; 0 when caught up",
+            value=p.lag_seconds(),
+        )
+        assembler = p.assembler
+        yield GaugeMetricFamily(
+            "cdcd_buffered_bytes",
+            "bytes of transactions being assembled in memory",
+            value=assembler.buffered_bytes if assembler else 0,
+        )
+        yield GaugeMetricFamily(
+            "cdcd_spilled_bytes",
+            "bytes of transactions spilled to disk",
+            value=assembler.spilled_bytes if assembler else 0,
+        )
+        yield GaugeMetricFamily(
+            "cdcd_open_streamed_transactions",
+            "streamed transactions not yet committed or aborted",
+            value=assembler.open_streams if assembler else 0,
+        )
+        yield GaugeMetricFamily(
+            "cdcd_held_prepared_transactions",
+            "prepared transactions awaiting COMMIT/ROLLBACK PREPARED",
+            value=assembler.held_prepared if assembler else 0,
+        )
+        yield GaugeMetricFamily(
+            "cdcd_up", "1 while connected and streaming", value=int(s.streaming)
+        )
+        status = GaugeMetricFamily(
+            "cdcd_slot_wal_status",
+            "the slot's wal_status (1 for the current one)",
+            labels=["status"],
+        )
+        for name in WAL_STATUSES:
+            status.add_metric([name], 1 if s.slot_wal_status == name else 0)
+        yield status
+        if s.slot_safe_wal_size is not None:
+            yield GaugeMetricFamily(
+                "cdcd_slot_safe_wal_size_bytes",
+                "WAL that can still be written before the slot is invalidated",
+                value=s.slot_safe_wal_size,
+            )
+        yield GaugeMetricFamily(
+            "cdcd_slot_retained_wal_bytes",
+            "WAL the slot holds back (current minus restart_lsn)",
+            value=s.slot_retained_bytes,
+        )
+
+
+class Health:
+    """Owns the metrics registry and serves the HTTP endpoint."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(PipelineCollector(pipeline))
+        self.sink_write_seconds = Histogram(
+            "cdcd_sink_write_seconds",
+            "time to hand one transaction to a sink (begin, writes, commit)",
+            ["sink"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+        )
+        self.sink_flush_seconds = Histogram(
+            "cdcd_sink_flush_seconds",
+            "time to make a sink's data durable (flush)",
+            ["sink"],
+            registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+        )
+        self._server: asyncio.Server | None = None
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._handle, host, port)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        log.info("http endpoint listening", host=host, port=self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            self._server = None
+
+    def render(self, path: str) -> tuple[int, bytes, str]:
+        if path == "/healthz":
+            return 200, b"ok\n", "text/plain"
+        if path == "/readyz":
+            if self.pipeline.stats.streaming:
+                return 200, b"ready\n", "text/plain"
+            return 503, b"not streaming\n", "text/plain"
+        if path == "/metrics":
+            return 200, generate_latest(self.registry), "text/plain; version=0.0.4; charset=utf-8"
+        return 404, b"not found\n", "text/plain"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            line = request.split(b"\r\n", 1)[0].decode("latin-1").split()
+            method, path = (line[0], line[1].split("?", 1)[0]) if len(line) >= 2 else ("", "")
+            if method not in ("GET", "HEAD"):
+                status, body, ctype = 405, b"method not allowed\n", "text/plain"
+            else:
+                status, body, ctype = self.render(path)
+            reason = {
+                200: "OK",
+                404: "Not Found",
+                405: "Method Not Allowed",
+                503: "Service Unavailable",
+            }[status]
+            head = (
+                f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            writer.write(head + (b"" if method == "HEAD" else body))
+            await writer.drain()
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            TimeoutError,
+            ConnectionError,
+        ):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+def now_us() -> int:
+    return int(time.time() * 1_000_000)
