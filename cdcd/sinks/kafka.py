@@ -11,9 +11,11 @@ Records::
     ``tombstones: false``
 
 Logical decoding messages go to ``<prefix>.message`` keyed by ``{"prefix": <message prefix>}``
-(Debezium's key), so messages of one prefix stay in order. With ``transaction_topic: true``,
-BEGIN and END markers in Debezium's transaction-metadata shape go to ``<prefix>.transaction``
-keyed by ``{"id": "<xid>:<commit_lsn>"}``; END carries ``event_count`` and per-table counts.
+(Debezium's key, ``event.key_json()``), so messages of one prefix stay in order. With
+``transaction_topic: true``, BEGIN and END markers in Debezium's transaction-metadata shape
+(plus ``commit_lsn`` and ``end_lsn``, as in the file sink's ``_transactions``) go to
+``<prefix>.transaction`` keyed by ``{"id": "<xid>:<commit_lsn>"}``; END carries
+``event_count`` and per-table ``data_collections`` counts (logical messages not counted).
 
 Ordering. The default partitioner hashes the key bytes, so one key always lands in one
 partition. aiokafka keeps at most one produce request in flight per broker connection and
@@ -347,11 +349,8 @@ class KafkaSink(Sink):
         ]
         if event.xid is not None:
             headers.insert(2, ("cdcd.xid", str(event.xid).encode()))
-        if event.op == "m":
-            prefix = event.value().get("message", {}).get("prefix", "")
-            key: bytes | None = orjson.dumps({"prefix": prefix})
-        else:
-            key = event.key_json()
+        key = event.key_json()  # {"prefix": ...} for logical messages
+        if event.op != "m":
             name = f"{event.schema}.{event.table}"
             self._txn_counts[name] = self._txn_counts.get(name, 0) + 1
         where = f"commit_lsn {format_lsn(event.commit_lsn)} seq {event.seq} (LSN {format_lsn(event.lsn)})"
@@ -372,6 +371,8 @@ class KafkaSink(Sink):
             "event_count": None,
             "data_collections": None,
             "ts_ms": pg_to_unix_us(txn.commit_time) // 1000,
+            "commit_lsn": txn.commit_lsn,
+            "end_lsn": txn.end_lsn,
         }
         if status == "END":
             value["event_count"] = sum(self._txn_counts.values())

@@ -49,6 +49,8 @@ class Event:
         return (self.commit_lsn, self.seq)
 
     def key(self) -> dict[str, Any] | None:
+        if self.op == "m":
+            return {"prefix": (self.message or {})["prefix"]}
         return self.keyval
 
     def value(self) -> dict[str, Any]:
@@ -72,7 +74,8 @@ class Event:
         }
 
     def key_json(self) -> bytes | None:
-        return None if self.keyval is None else orjson.dumps(self.keyval)
+        key = self.key()
+        return None if key is None else orjson.dumps(key)
 
     def value_json(self) -> bytes:
         return orjson.dumps(self.value())

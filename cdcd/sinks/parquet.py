@@ -1,0 +1,432 @@
+"""Parquet files for the file sink (``format: parquet``): the change event with native types.
+
+One Parquet file holds the events of one table with one set of columns (the file sink rolls
+to a new file when a table's columns change, ``roll_on_schema_change``; Spark reads a folder
+with ``mergeSchema``). Names, atomic publication, rollover and recovery are the file sink's
+(:mod:`cdcd.sinks.file`); this module only turns events into rows.
+
+Row schema (the JSON event's fields, CONTRACT §3)::
+
+    op           string
+    before       struct<columns>          null when the server sent no old row
+    after        struct<columns>
+    source       struct<version, connector, name, db, schema, table: string,
+                        ts_ms, ts_us: int64, snapshot: string, txId: int64, lsn: int64,
+                        sequence: string, xmin: int64, commit_lsn: int64, seq: int64,
+                        origin: string, unchanged_toast: list<string>,
+                        truncate: struct<cascade: bool, restart_identity: bool>>
+    ts_ms        int64
+    transaction  struct<id: string, total_order: int64, data_collection_order: int64>
+    key          struct<key columns>      only when the table has key columns
+    unrepresentable  map<string, string>  see below; null on most rows
+
+Column types (:func:`column_type`): int2/int4/int8 → int16/int32/int64; oid, xid, cid, xid8
+→ int64; float4/float8 → float32/float64 (NaN and ±Infinity are floats); numeric(p, s) with
+0 <= s <= p <= 38 → decimal128(p, s), any other numeric → string (its exact decimal text);
+money → decimal128(19, 2); bool → bool; bytea → binary; date → date32; time → time64(us);
+timestamp → timestamp(us); timestamptz → timestamp(us, UTC); arrays → list<element type>;
+domains → their base type's; everything else (text types, uuid, enum, json, jsonb, inet,
+interval as ISO-8601, timetz, ranges, unknown types) → string, the same text as in JSON.
+
+Lossless by a sidecar. A value that has no native form in its column's type (numeric NaN or
+±Infinity in a decimal column, date/timestamp ±infinity, BC or after 9999, time 24:00:00, an
+array with lower bounds other than 1 or more than one dimension) is stored as null in its
+column, and its JSON value (as JSON text, exactly what the JSON Lines file carries) goes into
+``unrepresentable`` under ``"before.<column>"`` / ``"after.<column>"``. A reader that needs
+every value coalesces the two; a reader that does not care sees a null. Unchanged TOAST
+values are null, as in the native rows, and listed in ``source.unchanged_toast``.
+
+The Arrow schema's metadata ``cdcd.schema`` carries the table's columns (the ``_schema`` file
+document). Rows are buffered and written in row groups of ``ROW_GROUP_ROWS``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cdcd.decoder.events import Relation
+from cdcd.decoder.types import TypeInfo, TypeRegistry
+from cdcd.errors import DefiniteSinkError
+from cdcd.sinks.file import FileSinkConfig, Position, TableWriter
+
+if TYPE_CHECKING:
+    from cdcd.sinks.encoding import ChangeEvent
+
+ROW_GROUP_ROWS = 65_536
+MAX_DECIMAL_PRECISION = 38
+
+Fits = Callable[[Any], bool]
+
+_INT_TYPES: dict[int, pa.DataType] = {
+    21: pa.int16(),
+    23: pa.int32(),
+    20: pa.int64(),
+    26: pa.int64(),  # oid
+    28: pa.int64(),  # xid
+    29: pa.int64(),  # cid
+    5069: pa.int64(),  # xid8
+}
+_SCALARS: dict[int, pa.DataType] = {
+    **_INT_TYPES,
+    700: pa.float32(),
+    701: pa.float64(),
+    16: pa.bool_(),
+    17: pa.binary(),
+    1082: pa.date32(),
+    1083: pa.time64("us"),
+    1114: pa.timestamp("us"),
+    1184: pa.timestamp("us", tz="UTC"),
+    790: pa.decimal128(19, 2),  # money
+}
+_NUMERIC_OID = 1700
+#: types whose native converter gives None for values it cannot represent (±infinity, BC, ...)
+_NONE_WHEN_UNREPRESENTABLE = frozenset({1082, 1083, 1114, 1184})
+
+SOURCE_TYPE = pa.struct(
+    [
+        ("version", pa.string()),
+        ("connector", pa.string()),
+        ("name", pa.string()),
+        ("db", pa.string()),
+        ("schema", pa.string()),
+        ("table", pa.string()),
+        ("ts_ms", pa.int64()),
+        ("ts_us", pa.int64()),
+        ("snapshot", pa.string()),
+        ("txId", pa.int64()),
+        ("lsn", pa.int64()),
+        ("sequence", pa.string()),
+        ("xmin", pa.int64()),
+        ("commit_lsn", pa.int64()),
+        ("seq", pa.int64()),
+        ("origin", pa.string()),
+        ("unchanged_toast", pa.list_(pa.string())),
+        ("truncate", pa.struct([("cascade", pa.bool_()), ("restart_identity", pa.bool_())])),
+    ]
+)
+TRANSACTION_TYPE = pa.struct(
+    [("id", pa.string()), ("total_order", pa.int64()), ("data_collection_order", pa.int64())]
+)
+_SOURCE_FIELDS = tuple(f.name for f in SOURCE_TYPE)
+
+
+# --- type mapping ----------------------------------------------------------------------------
+
+
+def _resolve(registry: TypeRegistry, oid: int) -> TypeInfo | None:
+    """The type behind any chain of domains."""
+    info = registry.info(oid)
+    for _ in range(32):
+        if info is None or info.category != "d" or not info.base_oid:
+            return info
+        info = registry.info(info.base_oid)
+    return info
+
+
+def _is_array(info: TypeInfo) -> bool:
+    return info.elem_oid != 0 and info.category in ("b", "?")
+
+
+def _scalar_type(registry: TypeRegistry, oid: int, typmod: int) -> pa.DataType:
+    info = _resolve(registry, oid)
+    if info is None:
+        return pa.string()
+    if info.oid == _NUMERIC_OID:
+        ps = registry.numeric_precision_scale(typmod)
+        if ps is not None and 0 <= ps[1] <= ps[0] <= MAX_DECIMAL_PRECISION:
+            return pa.decimal128(*ps)
+        return pa.string()
+    return _SCALARS.get(info.oid, pa.string())
+
+
+def column_type(registry: TypeRegistry, oid: int, typmod: int) -> pa.DataType:
+    """The Arrow type of a column of type ``oid`` with attribute ``typmod``."""
+    info = _resolve(registry, oid)
+    if info is not None and _is_array(info):
+        # an array column's typmod is its element's (numeric(10,2)[])
+        return pa.list_(_scalar_type(registry, info.elem_oid, typmod))
+    return _scalar_type(registry, oid, typmod)
+
+
+def _base_oid(registry: TypeRegistry, oid: int) -> int:
+    info = _resolve(registry, oid)
+    if info is None:
+        return oid
+    if _is_array(info):
+        return _base_oid(registry, info.elem_oid)
+    return info.oid
+
+
+def _fits(t: pa.DataType) -> Fits | None:
+    """A check that a native value can be stored in ``t``; None when anything goes (strings)."""
+    if pa.types.is_list(t):
+        elem = _fits(t.value_type)
+        return lambda v: (
+            isinstance(v, list)
+            and all(x is None or (not isinstance(x, list) and (elem is None or elem(x))) for x in v)
+        )
+    if pa.types.is_decimal(t):
+        scale = t.scale
+        return lambda v: (
+            isinstance(v, Decimal) and v.is_finite() and v.as_tuple().exponent >= -scale
+        )
+    if pa.types.is_timestamp(t):
+        aware = t.tz is not None
+        return lambda v: isinstance(v, dt.datetime) and (v.tzinfo is not None) == aware
+    if pa.types.is_date(t):
+        return lambda v: isinstance(v, dt.date) and not isinstance(v, dt.datetime)
+    if pa.types.is_time(t):
+        return lambda v: isinstance(v, dt.time)
+    if pa.types.is_integer(t):
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if pa.types.is_floating(t):
+        return lambda v: isinstance(v, float | int) and not isinstance(v, bool)
+    if pa.types.is_boolean(t):
+        return lambda v: isinstance(v, bool)
+    if pa.types.is_binary(t):
+        return lambda v: isinstance(v, bytes | bytearray | memoryview)
+    return None
+
+
+def _as_text(v: Any) -> Any:
+    """String columns: native values that are not str yet (e.g. unconstrained numeric)."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, Decimal):
+        return format(v, "f")  # plain digits as PostgreSQL prints them, never 1E-7
+    if isinstance(v, list | dict):
+        return orjson.dumps(v, default=str).decode()
+    return str(v)
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    name: str
+    type: pa.DataType
+    fits: Fits | None  # None: a string column, values go through _as_text
+    none_may_hide: bool  # the native converter yields None for unrepresentable values
+
+
+def _lost(native: Any, json_value: Any) -> bool:
+    """Did the native value drop something the JSON value has (None where JSON is not)?"""
+    if native is None:
+        return json_value is not None
+    if isinstance(native, list) and isinstance(json_value, list):
+        return len(native) != len(json_value) or any(
+            _lost(n, j) for n, j in zip(native, json_value, strict=False)
+        )
+    return False
+
+
+def _has_none(v: Any) -> bool:
+    return v is None or (isinstance(v, list) and any(_has_none(x) for x in v))
+
+
+class RowLayout:
+    """The Arrow schema of one table's events, and the conversion of events to a batch."""
+
+    def __init__(
+        self,
+        relation: Relation,
+        registry: TypeRegistry,
+        key_names: Sequence[str] | None,
+        schema_info: dict[str, Any] | None = None,
+    ) -> None:
+        self.columns = tuple(
+            _Column(
+                c.name,
+                t := column_type(registry, c.type_oid, c.typmod),
+                _fits(t),
+                _base_oid(registry, c.type_oid) in _NONE_WHEN_UNREPRESENTABLE,
+            )
+            for c in relation.columns
+        )
+        by_name = {c.name: c for c in self.columns}
+        self.key_names = tuple(k for k in key_names or () if k in by_name)
+        self.row_type = pa.struct([(c.name, c.type) for c in self.columns])
+        fields: list[pa.Field] = [
+            pa.field("op", pa.string()),
+            pa.field("before", self.row_type),
+            pa.field("after", self.row_type),
+            pa.field("source", SOURCE_TYPE),
+            pa.field("ts_ms", pa.int64()),
+            pa.field("transaction", TRANSACTION_TYPE),
+        ]
+        if self.key_names:
+            key_type = pa.struct([(k, by_name[k].type) for k in self.key_names])
+            fields.append(pa.field("key", key_type))
+        fields.append(pa.field("unrepresentable", pa.map_(pa.string(), pa.string())))
+        metadata = {"cdcd.schema": orjson.dumps(schema_info)} if schema_info else None
+        self.schema = pa.schema(fields, metadata=metadata)
+
+    @classmethod
+    def for_event(cls, event: ChangeEvent, relation: Relation | None = None) -> RowLayout:
+        relation = relation or event.relation
+        catalog = event.catalog
+        if relation is None or catalog is None:
+            raise DefiniteSinkError(
+                f"parquet: event at {event.position} has no table (logical messages are "
+                "written as JSON Lines)"
+            )
+        return cls(relation, catalog.types, event.key_names, event.schema_info())
+
+    def _row(
+        self,
+        event: ChangeEvent,
+        which: Literal["before", "after"],
+        sidecar: list[tuple[str, str]],
+        skip: Sequence[str],
+    ) -> dict[str, Any] | None:
+        native = event.native_row(which)
+        if native is None:
+            return None
+        row: dict[str, Any] = {}
+        json_row: dict[str, Any] | None = None
+        for col in self.columns:
+            v = native.get(col.name)
+            bad = False
+            if col.fits is None:
+                v = _as_text(v)
+            elif v is not None and not col.fits(v):
+                bad = True
+            if (bad or (col.none_may_hide and _has_none(v))) and col.name not in skip:
+                if json_row is None:
+                    json_row = event.value()[which] or {}
+                j = json_row.get(col.name)
+                if bad or _lost(v, j):
+                    sidecar.append((f"{which}.{col.name}", orjson.dumps(j).decode()))
+                    v = None
+            row[col.name] = v
+        return row
+
+    def record(self, event: ChangeEvent) -> dict[str, Any]:
+        """One event as a row (a dict matching :attr:`schema`)."""
+        sidecar: list[tuple[str, str]] = []
+        unchanged = event.unchanged_toast() if event.op in ("c", "u", "r") else []
+        before = self._row(event, "before", sidecar, ())
+        after = self._row(event, "after", sidecar, unchanged)
+        source = event.source()
+        record: dict[str, Any] = {
+            "op": event.op,
+            "before": before,
+            "after": after,
+            "source": {name: source.get(name) for name in _SOURCE_FIELDS},
+            "ts_ms": event.ts_ms,
+            "transaction": _transaction(event),
+            "unrepresentable": sidecar or None,
+        }
+        if self.key_names:
+            row = after if after is not None else before
+            record["key"] = (
+                None if row is None or event.op == "t" else {k: row[k] for k in self.key_names}
+            )
+        return record
+
+    def batch(self, events: Sequence[ChangeEvent]) -> pa.RecordBatch:
+        rows = [self.record(e) for e in events]
+        try:
+            return pa.RecordBatch.from_pylist(rows, schema=self.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            first = events[0].position
+            raise DefiniteSinkError(
+                f"parquet: cannot convert events from position {first} of "
+                f"{events[0].schema}.{events[0].table} to Arrow: {exc}"
+            ) from exc
+
+
+def _transaction(event: ChangeEvent) -> dict[str, Any] | None:
+    block = getattr(event, "_transaction_block", None)  # avoids building the JSON value
+    if block is not None:
+        result: dict[str, Any] | None = block()
+        return result
+    transaction: dict[str, Any] | None = event.value().get("transaction")
+    return transaction
+
+
+# --- the writer ------------------------------------------------------------------------------
+
+
+class ParquetTableWriter(TableWriter):
+    """One Parquet file of one table's events (the file sink's ``TableWriter``)."""
+
+    suffix: ClassVar[str] = ".parquet"
+    roll_on_schema_change: ClassVar[bool] = True
+
+    def __init__(self, path: Path, relation: Relation | None, config: FileSinkConfig) -> None:
+        super().__init__(path, relation, config)
+        self._file = path.open("wb")
+        self._writer: pq.ParquetWriter | None = None
+        self._layout: RowLayout | None = None
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self._pending_bytes = 0
+
+    @property
+    def layout(self) -> RowLayout | None:
+        return self._layout
+
+    def write(self, events: Sequence[ChangeEvent]) -> None:
+        if not events:
+            return
+        if self._layout is None:
+            self._layout = RowLayout.for_event(events[0], self.relation)
+            self._writer = pq.ParquetWriter(
+                self._file, self._layout.schema, compression=self.config.compression
+            )
+        batch = self._layout.batch(events)
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        self._pending_bytes += batch.nbytes
+        self.rows += batch.num_rows
+        if self._pending_rows >= ROW_GROUP_ROWS:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        if self._pending and self._writer is not None:
+            self._writer.write_table(pa.Table.from_batches(self._pending))
+        self._pending = []
+        self._pending_rows = 0
+        self._pending_bytes = 0
+
+    def size(self) -> int:
+        return self._file.tell() + self._pending_bytes
+
+    def finish(self) -> None:
+        self._write_pending()
+        if self._writer is not None:
+            self._writer.close()
+        self._file.flush()
+        if self.config.fsync:
+            os.fsync(self._file.fileno())
+        self._file.close()
+
+    def discard(self) -> None:
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            self._file.close()
+            self.path.unlink(missing_ok=True)
+
+    @classmethod
+    def last_position(cls, path: Path) -> Position:
+        try:
+            pf = pq.ParquetFile(path)
+            last = pf.metadata.num_row_groups - 1
+            source = pf.read_row_group(last, columns=["source"]).column("source")
+            row = source[len(source) - 1].as_py()
+            return int(row["commit_lsn"]), int(row["seq"])
+        except (OSError, pa.ArrowException, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise DefiniteSinkError(
+                f"file sink: cannot read the last event position of {path}: {exc}"
+            ) from exc
