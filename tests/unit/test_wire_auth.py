@@ -145,7 +145,7 @@ def test_startup_message_bytes() -> None:
     assert pairs[b"client_encoding"] == b"UTF8"
     assert pairs[b"options"] == (
         b"-c DateStyle=ISO,MDY -c TimeZone=UTC -c IntervalStyle=iso_8601 "
-        b"-c extra_float_digits=3 -c bytea_output=hex"
+        b"-c extra_float_digits=3 -c bytea_output=hex -c lc_monetary=C"
     )
 
 
