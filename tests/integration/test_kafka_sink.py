@@ -413,3 +413,44 @@ def test_config_rejects_unknown_keys_and_parses_durations() -> None:
     )
     assert config.give_up_after == 120.0 and config.request_timeout == 0.5
     assert "s3cret" not in repr(config)
+
+
+async def test_encoder_events_round_trip(kafka_broker: KafkaBroker) -> None:
+    """Real ChangeEvents from cdcd.sinks.encoding: the record bytes are the encoder's."""
+    from tests.unit.sink_fixtures import CONTEXT, encoder, relation, tup
+    from tests.unit.sink_fixtures import TxnBuilder as PgTxn
+
+    name = unique_name()
+    sink = KafkaSink(
+        KafkaSinkConfig(
+            bootstrap_servers=kafka_broker.bootstrap,
+            idempotence=kafka_broker.supports_idempotence,
+            topic_prefix=name,
+        ),
+        CONTEXT,
+    )
+    orders = relation()
+    txn = (
+        PgTxn(900, 50_000)
+        .insert(orders, tup(1, "ann", "x"))
+        .message("audit", b"hello")
+        .delete(orders, tup(1, None, None))
+        .build()
+    )
+    events = list(encoder().events(txn))
+    await sink.start()
+    try:
+        await run_txn(sink, txn, events)  # type: ignore[arg-type]
+        await sink.flush()
+        assert sink.durable_lsn() == txn.end_lsn
+    finally:
+        await sink.close()
+    records = await consume(kafka_broker.bootstrap, [f"{name}.public.orders"], 3)
+    table_events = [e for e in events if e.op != "m"]
+    assert [(r.key, r.value) for r in records] == [
+        (table_events[0].key_json(), table_events[0].value_json()),
+        (table_events[1].key_json(), table_events[1].value_json()),
+        (table_events[1].key_json(), None),
+    ]
+    (message,) = await consume(kafka_broker.bootstrap, [f"{name}.message"], 1)
+    assert message.key == b'{"prefix":"audit"}' and message.value == events[1].value_json()
