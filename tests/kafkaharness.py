@@ -248,7 +248,7 @@ class KafkaBroker:
         await self._kill()
         await self._spawn()
         if topics:
-            requests = [(name, n, 1, [], []) for name, n in topics.items()]
+            requests: list[Any] = [(name, n, 1, [], []) for name, n in topics.items()]
             await self._direct(CreateTopicsRequest(requests, 5000, False))
         await self.start()
 
