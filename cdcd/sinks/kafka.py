@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -66,6 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from cdcd.errors import ConfigError, DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.lsn import format_lsn, pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
+from cdcd.units import ByteSize, Duration
 
 if TYPE_CHECKING:
     from cdcd.assembler.transaction import Transaction
@@ -74,20 +74,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 MiB = 1024 * 1024
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _TOPIC_ALREADY_EXISTS = 36
-
-
-def parse_duration(value: object) -> float | None:
-    """Seconds from a number or a string like ``"500ms"``, ``"3s"``, ``"2m"``, ``"1h"``."""
-    if value is None or isinstance(value, int | float):
-        return None if value is None else float(value)
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if match:
-            return float(match.group(1)) * _UNITS[match.group(2)]
-    raise ValueError(f"not a duration: {value!r} (use seconds or e.g. '500ms', '3s', '2m')")
 
 
 def compression_available(codec: str) -> bool:
@@ -105,7 +92,7 @@ def compression_available(codec: str) -> bool:
 
 
 class KafkaSinkConfig(BaseModel):
-    """The ``type: kafka`` sink section. Durations accept seconds or ``"3s"``-style strings."""
+    """The ``type: kafka`` sink section. Durations and sizes as in :mod:`cdcd.units`."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -119,10 +106,10 @@ class KafkaSinkConfig(BaseModel):
     idempotence: bool = True
     compression: Literal["lz4", "zstd", "gzip", "snappy", "none"] = "lz4"
     linger_ms: int = Field(default=5, ge=0)
-    max_batch_size: int = Field(default=1 * MiB, ge=1024)
-    max_request_size: int = Field(default=1 * MiB, ge=1024)
+    max_batch_size: ByteSize = Field(default=1 * MiB, ge=1024)
+    max_request_size: ByteSize = Field(default=1 * MiB, ge=1024)
     buffer_records: int = Field(default=100_000, ge=1)
-    buffer_bytes: int = Field(default=64 * MiB, ge=1024)
+    buffer_bytes: ByteSize = Field(default=64 * MiB, ge=1024)
     create_topics: bool = True
     partitions: int = Field(default=1, ge=1)
     replication_factor: int = Field(default=1, ge=1)
@@ -133,15 +120,10 @@ class KafkaSinkConfig(BaseModel):
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
-    request_timeout: float = 30.0
-    retry_backoff: float = 0.5
-    give_up_after: float | None = None  # at start: None = retry for ever
+    request_timeout: Duration = 30.0
+    retry_backoff: Duration = 0.5
+    give_up_after: Duration | None = None  # at start: None = retry for ever
     client_id: str | None = None  # default: cdcd-<name>
-
-    @field_validator("request_timeout", "retry_backoff", "give_up_after", mode="before")
-    @classmethod
-    def _duration(cls, value: object) -> float | None:
-        return parse_duration(value)
 
     @field_validator("acks", mode="before")
     @classmethod
