@@ -25,6 +25,7 @@ methods:
     record_json() -> bytes        value plus top-level "key": one JSON Lines line (no newline)
     native_row(which) -> dict | None   "before"/"after" with native Python values (Parquet)
     source() -> dict              the value's ``source`` block
+    transaction() -> dict | None  the value's ``transaction`` block (None: non-transactional)
     schema_info() -> dict | None  the table's columns and key, as in Encoder.schema_info
     unchanged_toast() -> list[str]  columns whose value PostgreSQL did not send
     key_names -> tuple[str, ...] | None, catalog -> Catalog
@@ -443,7 +444,9 @@ class ChangeEvent:
             self._source = src
         return src
 
-    def _transaction_block(self) -> Row | None:
+    def transaction(self) -> Row | None:
+        """The value's ``transaction`` block (``id``, ``total_order``, ``data_collection_order``),
+        or None for a non-transactional logical message; built without building :meth:`value`."""
         txid = self._txn.txid
         if txid is None:
             return None
@@ -462,7 +465,7 @@ class ChangeEvent:
                         "prefix": msg.prefix,
                         "content": base64.b64encode(msg.content).decode("ascii"),
                     },
-                    "transaction": self._transaction_block(),
+                    "transaction": self.transaction(),
                 }
             else:
                 before, after, _ = self._rows(False)
@@ -472,7 +475,7 @@ class ChangeEvent:
                     "source": self.source(),
                     "op": self.op,
                     "ts_ms": self.ts_ms,
-                    "transaction": self._transaction_block(),
+                    "transaction": self.transaction(),
                 }
             self._value = value
         return value

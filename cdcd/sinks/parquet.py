@@ -322,7 +322,7 @@ class RowLayout:
             "after": after,
             "source": {name: source.get(name) for name in _SOURCE_FIELDS},
             "ts_ms": event.ts_ms,
-            "transaction": _transaction(event),
+            "transaction": event.transaction(),
             "unrepresentable": sidecar or None,
         }
         if self.key_names:
@@ -342,15 +342,6 @@ class RowLayout:
                 f"parquet: cannot convert events from position {first} of "
                 f"{events[0].schema}.{events[0].table} to Arrow: {exc}"
             ) from exc
-
-
-def _transaction(event: ChangeEvent) -> dict[str, Any] | None:
-    block = getattr(event, "_transaction_block", None)  # avoids building the JSON value
-    if block is not None:
-        result: dict[str, Any] | None = block()
-        return result
-    transaction: dict[str, Any] | None = event.value().get("transaction")
-    return transaction
 
 
 # --- the writer ------------------------------------------------------------------------------
