@@ -157,26 +157,22 @@ class _Buffer:
 
 def change_size(change: Change) -> int:
     """The accounted memory of one buffered change (see the module docstring)."""
-    match change:
-        case Insert():
-            return CHANGE_OVERHEAD + _tuple_size(change.new)
-        case Update():
-            old = 0 if change.old is None else _tuple_size(change.old)
-            return CHANGE_OVERHEAD + old + _tuple_size(change.new)
-        case Delete():
-            return CHANGE_OVERHEAD + _tuple_size(change.old)
-        case Truncate():
-            return CHANGE_OVERHEAD + COLUMN_OVERHEAD * len(change.relation_oids)
-        case Message():
-            return CHANGE_OVERHEAD + len(change.prefix) + len(change.content)
+    # isinstance chain rather than match: this runs for every buffered change.
+    if isinstance(change, Insert):
+        return CHANGE_OVERHEAD + _tuple_size(change.new)
+    if isinstance(change, Update):
+        old = 0 if change.old is None else _tuple_size(change.old)
+        return CHANGE_OVERHEAD + old + _tuple_size(change.new)
+    if isinstance(change, Delete):
+        return CHANGE_OVERHEAD + _tuple_size(change.old)
+    if isinstance(change, Truncate):
+        return CHANGE_OVERHEAD + COLUMN_OVERHEAD * len(change.relation_oids)
+    return CHANGE_OVERHEAD + len(change.prefix) + len(change.content)
 
 
 def _tuple_size(tup: TupleData) -> int:
-    size = COLUMN_OVERHEAD * len(tup.values)
-    for value in tup.values:
-        if value is not None:
-            size += len(value)
-    return size
+    values = tup.values
+    return COLUMN_OVERHEAD * len(values) + sum(map(len, filter(None, values)))
 
 
 def _where(lsn: int) -> str:
