@@ -231,12 +231,13 @@ def test_messages_in_order(path: Path) -> None:
     released = assemble(msgs)
     got = []
     for txn in released:
-        items = []
+        items: list[tuple[object, ...]] = []
         for r in txn.changes():
             if isinstance(r.change, Message):
                 items.append((r.change.transactional, r.change.prefix, r.change.content))
             else:
-                items.append(("row", value(r, r.change.new, "id")))  # type: ignore[union-attr]
+                assert isinstance(r.change, Insert)
+                items.append(("row", value(r, r.change.new, "id")))
         got.append((txn.kind, items))
     last_kind = "streamed" if is_streaming(header) else "regular"
     assert got == [
