@@ -13,8 +13,9 @@
 * ``cdcd quickstart`` headless: bounded time, exit 0, events of the snapshot and the workload;
 * a config whose ``${VAR}`` is not set: exit 2 naming the key and the variable.
 
-Parametrized over the installed PostgreSQL versions by ``pg_db`` (the quickstart brings its own
-embedded server). Waits are bounded polls, never timing assertions.
+Parametrized over the installed PostgreSQL versions by ``pg_db``/``pg_cluster_factory`` (the
+metrics test uses a private cluster, so other tests' WAL does not keep its lag moving; the
+quickstart brings its own embedded server). Waits are bounded polls, never timing assertions.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from tests.e2e import (
     start_cdcd,
     write_config,
 )
-from tests.pgharness import PgDatabase, free_port
+from tests.pgharness import PgCluster, PgDatabase, create_database, free_port
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -141,7 +142,11 @@ def lsn_int(text: str) -> int:
 
 
 @pytest.mark.pg
-def test_metrics_and_probes_during_a_workload(pg_db: PgDatabase, tmp_path: Path) -> None:
+def test_metrics_and_probes_during_a_workload(
+    pg_cluster_factory: Callable[..., PgCluster], tmp_path: Path
+) -> None:
+    # A private cluster: WAL written by other tests' databases would keep the lag moving.
+    pg_db = create_database(pg_cluster_factory())
     pg_db.execute("CREATE TABLE orders (id serial PRIMARY KEY, amount int NOT NULL)")
     port = free_port()
     cfg = service_config(tmp_path, pg_db.dsn, port)
