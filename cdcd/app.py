@@ -37,6 +37,7 @@ import structlog
 
 from cdcd.assembler.assembler import Assembler
 from cdcd.assembler.transaction import Transaction
+from cdcd.benchlog import LatencyLog, write_stats
 from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
 from cdcd.decoder import events as ev
@@ -158,6 +159,7 @@ class Pipeline:
         self._assembler: Assembler | None = None
         self._last_flush: dict[int, float] = {}
         self.health: Any = None
+        self._latency = LatencyLog.from_env()  # bench/run.py only (cdcd.benchlog)
 
     @property
     def assembler(self) -> Assembler | None:
@@ -221,6 +223,9 @@ class Pipeline:
             poller = asyncio.create_task(self._slot_poller(source), name="slot-poller")
             stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
             tasks = {writer, acker, reader, poller, stop_waiter}
+            if self._latency is not None:
+                durable = lambda: min((s.durable_lsn() for s in self.sinks), default=0)  # noqa: E731
+                tasks.add(asyncio.create_task(self._latency.watch(durable), name="latency"))
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -248,6 +253,9 @@ class Pipeline:
             await source.close()
             if self.health is not None:
                 await self.health.close()
+            write_stats(self.stats, self._assembler)
+            if self._latency is not None:
+                self._latency.close()
         return EXIT_OK
 
     # -- initial snapshot --------------------------------------------------------------------
@@ -457,6 +465,8 @@ class Pipeline:
                 for i, sink in enumerate(sinks):
                     self.health.sink_write_seconds.labels(sink.type_name).observe(spent[i])
             self._handed_end_lsn = max(self._handed_end_lsn, txn.end_lsn)
+            if self._latency is not None:
+                self._latency.handed(txn.end_lsn, txn.commit_time)
             stats.transactions += 1
             stats.last_commit_time_us = txn.commit_time
             self._writer_busy = False

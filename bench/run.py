@@ -1,0 +1,773 @@
+"""The end-to-end benchmark: cdcd against pg_recvlogical and a psycopg2 peer, same machine, same run.
+
+Usage::
+
+    python bench/run.py [--quick] [--workload W1,W1s,W2,W3,W4,W5] [--json FILE]
+                        [--pg 18,15] [--contenders NAMES] [--scale F] [--peer PATH]
+
+For each PostgreSQL version (default: 18 and 15, those installed; see tests/pgharness.py) it
+starts a cluster with the test harness's settings, then for each workload:
+
+1. creates a fresh database, the workload's tables and a publication, and one logical slot per
+   contender, all at the same LSN (the first is created, the others are copies of it:
+   ``pg_copy_logical_replication_slot``), so every contender consumes the same backlog;
+2. runs the workload once (server-side SQL and procedures, so the load generator costs
+   nothing on the client), records ``pg_current_wal_lsn()`` as the end LSN, and commits one
+   sentinel row after it (so the peer, which stops at the first message at or past the end,
+   has a message to stop at);
+3. times each contender draining its slot up to the end LSN, one after the other, as its own
+   process (wall time from spawn to exit; CPU time and peak RSS from ``wait4``):
+
+   ``pg_recvlogical``       the cluster's own, pgoutput with the same options, to /dev/null
+   ``psycopg2_raw``         the peer script (``--peer``), no decoding
+   ``psycopg2_pypgoutput``  the peer script with pypgoutput decoding
+   ``cdcd_null``            ``cdcd run --endpos``: decode + assemble, null sink
+   ``cdcd_jsonl``           file sink, JSON Lines
+   ``cdcd_parquet``         file sink, Parquet
+   ``cdcd_kafka``           Kafka sink to a fresh tansu broker (idempotence off)
+
+Workloads (``--quick`` divides sizes by 50; ``--scale`` sets the factor):
+
+``W1``  one transaction of 1,000,000 ten-column rows, streaming off (proto_version 1)
+``W1s`` the same with streaming on (proto_version 2; the peer only speaks 1 and reads it
+        unstreamed)
+``W2``  200,000 small transactions, 1-5 rows each: inserts, updates, deletes
+``W3``  100,000 rows with 4 KB of out-of-line (TOASTed) text, then updates leaving it unchanged
+``W4``  latency: 2,000 transactions/s of 5 rows (10,000 rows/s) for 60 s while cdcd runs live
+        with the JSON Lines (``flush_interval: 0.02``) and Kafka sinks; commit-to-durable
+        p50/p99/max from ``CDCD_LATENCY_LOG`` (cdcd.benchlog)
+``W5``  memory: one 10,000,000-row transaction through ``buffer.memory_limit: 256MiB``; peak
+        RSS and spilled bytes
+
+Output: one JSON object per (server, workload, contender) on stdout (and to ``--json FILE`` as
+a JSON array), then a table. Keys: workload, contender, rows, seconds, rows_per_s,
+wal_mb_per_s, peak_rss_mb, ratio_vs_pg_recvlogical, ratio_vs_psycopg2_pypgoutput,
+server_version, plus cpu_seconds, streaming, and where they apply p50_ms/p99_ms/max_ms,
+spilled_bytes, memory_limit_mb. ``rows`` counts row changes: the peer's count of I/U/D
+messages, cdcd's events (``CDCD_BENCH_STATS``), and for pg_recvlogical (which writes opaque
+bytes) the count the workload reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.pgharness import (  # noqa: E402
+    PgCluster,
+    PgDatabase,
+    create_database,
+    get_installation,
+)
+
+ALL_CONTENDERS = (
+    "pg_recvlogical",
+    "psycopg2_raw",
+    "psycopg2_pypgoutput",
+    "cdcd_null",
+    "cdcd_jsonl",
+    "cdcd_parquet",
+    "cdcd_kafka",
+)
+PUBLICATION = "bench_pub"
+PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+@dataclass
+class Workload:
+    """One workload: tables, the load (run once), which contenders, how cdcd is configured."""
+
+    name: str
+    ddl: str
+    load: Callable[[PgDatabase, float], int]  # returns the number of row changes
+    contenders: tuple[str, ...] = ALL_CONTENDERS
+    streaming: bool = False
+    live: bool = False  # cdcd runs during the load (W4)
+    memory_limit_mb: float | None = None  # W5
+    file_flush_interval: float | None = None
+
+
+W1_DDL = """
+CREATE TABLE w1 (id bigint PRIMARY KEY, qty int, name text, created timestamptz,
+                 amount numeric(12,2), active bool, score float8, ref uuid, attrs jsonb, day date);
+"""
+W1_ROWS = """
+SELECT g, g % 1000, 'name-' || g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
+       (g % 100000) / 100.0, g % 2 = 0, g * 0.5, md5(g::text)::uuid,
+       jsonb_build_object('k', g, 's', 'v' || g % 10), date '2024-01-01' + (g % 365)::int
+"""
+
+
+def load_w1(db: PgDatabase, scale: float) -> int:
+    n = max(1, int(1_000_000 * scale))
+    db.execute(f"INSERT INTO w1 {W1_ROWS} FROM generate_series(1, {n}) g")
+    return n
+
+
+W2_DDL = """
+CREATE TABLE w2 (id bigint PRIMARY KEY, qty int, note text, updated timestamptz);
+CREATE PROCEDURE bench_w2(ntx int) LANGUAGE plpgsql AS $$
+DECLARE
+  k int; next_id bigint := 0; del bigint := 0; total bigint := 0; c bigint;
+BEGIN
+  FOR i IN 0 .. ntx - 1 LOOP
+    k := 1 + i % 5;
+    IF i % 4 < 2 OR next_id - del < 20 THEN
+      INSERT INTO w2 SELECT next_id + g, g, 'note ' || (next_id + g), now()
+        FROM generate_series(1, k) g;
+      next_id := next_id + k;
+    ELSIF i % 4 = 2 THEN  -- the newest rows (deletes eat the oldest)
+      UPDATE w2 SET qty = qty + 1, updated = clock_timestamp() WHERE id > next_id - k;
+    ELSE
+      DELETE FROM w2 WHERE id > del AND id <= del + k;
+      del := del + k;
+    END IF;
+    GET DIAGNOSTICS c = ROW_COUNT;
+    total := total + c;
+    COMMIT;
+  END LOOP;
+  RAISE NOTICE 'bench_rows=%', total;
+END $$;
+"""
+
+
+def load_w2(db: PgDatabase, scale: float) -> int:
+    return _call_counting(db, f"CALL bench_w2({max(4, int(200_000 * scale))})")
+
+
+W3_DDL = """
+CREATE TABLE w3 (id int PRIMARY KEY, counter int, body text);
+ALTER TABLE w3 ALTER COLUMN body SET STORAGE EXTERNAL;  -- out of line, uncompressed
+CREATE PROCEDURE bench_w3(n int, batch int) LANGUAGE plpgsql AS $$
+BEGIN
+  FOR lo IN 0 .. n - 1 BY batch LOOP
+    INSERT INTO w3 SELECT g, 0, repeat(md5(g::text), 128)
+      FROM generate_series(lo + 1, least(lo + batch, n)) g;
+    COMMIT;
+  END LOOP;
+  FOR lo IN 0 .. n - 1 BY batch LOOP
+    UPDATE w3 SET counter = counter + 1 WHERE id > lo AND id <= lo + batch;
+    COMMIT;
+  END LOOP;
+END $$;
+"""
+
+
+def load_w3(db: PgDatabase, scale: float) -> int:
+    n = max(10, int(100_000 * scale))
+    db.execute(f"CALL bench_w3({n}, 1000)")
+    return 2 * n
+
+
+W4_DDL = """
+CREATE TABLE w4 (id bigint PRIMARY KEY, qty int, note text, created timestamptz);
+CREATE PROCEDURE bench_w4(per_second int, seconds float8) LANGUAGE plpgsql AS $$
+DECLARE
+  t0 timestamptz := clock_timestamp(); n int := (per_second * seconds)::int; ahead float8;
+BEGIN
+  FOR i IN 0 .. n - 1 LOOP
+    INSERT INTO w4 SELECT i * 5 + g, g, 'note ' || i, clock_timestamp()
+      FROM generate_series(1, 5) g;
+    COMMIT;
+    IF i % 10 = 9 THEN
+      ahead := (i + 1)::float8 / per_second - extract(epoch FROM clock_timestamp() - t0);
+      IF ahead > 0 THEN PERFORM pg_sleep(ahead); END IF;
+    END IF;
+  END LOOP;
+END $$;
+"""
+
+
+def load_w4(db: PgDatabase, scale: float, seconds: float = 60.0) -> int:
+    duration = max(3.0, seconds * min(1.0, scale * 5))
+    ntx = int(2000 * duration)
+    db.execute(f"CALL bench_w4(2000, {duration})")
+    return 5 * ntx
+
+
+W5_DDL = "CREATE TABLE w5 (id bigint, qty int, note text);"
+
+
+def load_w5(db: PgDatabase, scale: float) -> int:
+    n = max(1, int(10_000_000 * scale))
+    db.execute(f"INSERT INTO w5 SELECT g, g % 1000, 'note ' || g FROM generate_series(1, {n}) g")
+    return n
+
+
+WORKLOADS: dict[str, Workload] = {
+    "W1": Workload("W1", W1_DDL, load_w1),
+    "W1s": Workload("W1s", W1_DDL, load_w1, streaming=True),
+    "W2": Workload("W2", W2_DDL, load_w2),
+    "W3": Workload("W3", W3_DDL, load_w3),
+    "W4": Workload(
+        "W4",
+        W4_DDL,
+        load_w4,
+        contenders=("cdcd_jsonl", "cdcd_kafka"),
+        live=True,
+        file_flush_interval=0.02,
+    ),
+    "W5": Workload(
+        "W5", W5_DDL, load_w5, contenders=("pg_recvlogical", "cdcd_null"), memory_limit_mb=256
+    ),
+}
+
+
+def _call_counting(db: PgDatabase, sql: str) -> int:
+    """Run a procedure that reports ``bench_rows=N`` in a NOTICE; return N."""
+    with db.connect() as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        for notice in conn.notices:
+            if "bench_rows=" in notice:
+                return int(notice.rsplit("bench_rows=", 1)[1].strip())
+    raise RuntimeError(f"{sql}: no bench_rows notice")
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Measured:
+    returncode: int
+    seconds: float
+    cpu_seconds: float
+    peak_rss_mb: float
+    stdout: str
+    stderr: str
+
+
+def run_measured(
+    cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 3600
+) -> Measured:
+    """Run ``cmd`` to completion; wall time, the child's CPU time and peak RSS (wait4)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO)
+        return _wait_measured(proc, t0, out, err, timeout)
+
+
+def _wait_measured(
+    proc: subprocess.Popen[bytes], t0: float, out: Any, err: Any, timeout: float
+) -> Measured:
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            proc.kill()
+            pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.005)
+    seconds = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    out.seek(0)
+    err.seek(0)
+    return Measured(
+        proc.returncode,
+        seconds,
+        usage.ru_utime + usage.ru_stime,
+        usage.ru_maxrss / 1024,
+        out.read().decode(errors="replace"),
+        err.read().decode(errors="replace"),
+    )
+
+
+# --------------------------------------------------------------------------- contenders
+
+
+@dataclass
+class Setup:
+    """Everything a contender needs to drain its slot."""
+
+    cluster: PgCluster
+    db: PgDatabase
+    workload: Workload
+    end_lsn: str
+    expected_rows: int
+    scale: float
+    peer: Path
+    work: Path
+    kafka: Any = None  # a started broker, for cdcd_kafka
+
+
+@dataclass
+class Result:
+    contender: str
+    rows: int
+    measured: Measured
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def slot_name(workload: str, contender: str) -> str:
+    return f"bench_{workload.lower()}_{contender}"
+
+
+def pg_recvlogical_cmd(setup: Setup, slot: str) -> list[str]:
+    proto = "2" if setup.workload.streaming else "1"
+    cmd = [
+        str(setup.cluster.bin("pg_recvlogical")),
+        "-d",
+        setup.db.dsn,
+        "--slot",
+        slot,
+        "--start",
+        "--no-loop",
+        "-f",
+        "/dev/null",
+        "-F",
+        "0",
+        "--endpos",
+        setup.end_lsn,
+        "-o",
+        f"proto_version={proto}",
+        "-o",
+        f"publication_names={PUBLICATION}",
+    ]
+    if setup.workload.streaming:
+        cmd += ["-o", "streaming=on"]
+    return cmd
+
+
+def run_pg_recvlogical(setup: Setup, slot: str) -> Result:
+    m = run_measured(pg_recvlogical_cmd(setup, slot))
+    _check(m, "pg_recvlogical")
+    return Result("pg_recvlogical", setup.expected_rows, m)
+
+
+def run_peer(setup: Setup, slot: str, decode: bool) -> Result:
+    name = "psycopg2_pypgoutput" if decode else "psycopg2_raw"
+    cmd = [sys.executable, str(setup.peer), setup.db.dsn, slot, PUBLICATION, setup.end_lsn]
+    if decode:
+        cmd.append("--decode")
+    m = run_measured(cmd)
+    _check(m, name)
+    fields = dict(part.split("=", 1) for part in m.stdout.split() if "=" in part)
+    return Result(name, int(fields["rows"]), m, {"peer_rows_per_s": float(fields["rows_per_s"])})
+
+
+def cdcd_sinks(setup: Setup, contender: str, out: Path) -> list[dict[str, Any]]:
+    flush = setup.workload.file_flush_interval
+    files: dict[str, Any] = {"type": "file", "path": str(out)}
+    if flush is not None:
+        files["flush_interval"] = flush
+    if contender == "cdcd_null":
+        return [{"type": "null"}]
+    if contender == "cdcd_jsonl":
+        return [files | {"format": "jsonl"}]
+    if contender == "cdcd_parquet":
+        return [files | {"format": "parquet"}]
+    if contender == "cdcd_kafka":
+        return [
+            {
+                "type": "kafka",
+                "bootstrap_servers": setup.kafka.bootstrap,
+                "topic_prefix": f"bench{os.getpid()}{setup.workload.name.lower()}",
+                "idempotence": False,
+            }
+        ]
+    raise ValueError(contender)
+
+
+def cdcd_config(setup: Setup, contender: str, slot: str, work: Path) -> Path:
+    wl = setup.workload
+    buffer: dict[str, Any] = {"spill_dir": str(work / "spill")}
+    if wl.memory_limit_mb is not None:
+        buffer["memory_limit"] = int(wl.memory_limit_mb * max(setup.scale, 0.02) * 2**20)
+    cfg = {
+        "name": "bench",
+        "source": {
+            "dsn": setup.db.dsn,
+            "slot": slot,
+            "create_slot": False,
+            "publication": PUBLICATION,
+            "create_publication": False,
+            "proto_version": 2 if wl.streaming else 1,
+            "streaming": "on" if wl.streaming else "off",
+            "messages": False,
+        },
+        "snapshot": {"mode": "never", "state_dir": str(work / "state")},
+        "buffer": buffer,
+        "sinks": cdcd_sinks(setup, contender, work / "out"),
+        "http": {"listen": None},
+        "log": {"format": "json", "level": "warning"},
+    }
+    path = work / "cdcd.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def cdcd_env(work: Path, latency: bool) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CDCD_BENCH_STATS=str(work / "stats.json"))
+    if latency:
+        env["CDCD_LATENCY_LOG"] = str(work / "latency.jsonl")
+    env.pop("CDCD_CONFIG", None)
+    return env
+
+
+def cdcd_result(setup: Setup, contender: str, work: Path, m: Measured) -> Result:
+    _check(m, contender)
+    stats = orjson.loads((work / "stats.json").read_bytes())
+    extra: dict[str, Any] = {}
+    if setup.workload.memory_limit_mb is not None:
+        extra["spilled_bytes"] = stats["spilled_bytes"]
+        extra["memory_limit_mb"] = round(setup.workload.memory_limit_mb * max(setup.scale, 0.02), 1)
+    latency = work / "latency.jsonl"
+    if latency.exists():
+        extra |= latency_summary(latency, setup.end_lsn)
+    return Result(contender, stats["events"], m, extra)
+
+
+def run_cdcd(setup: Setup, slot: str, contender: str) -> Result:
+    work = Path(tempfile.mkdtemp(prefix=f"{contender}-", dir=setup.work))
+    try:
+        config = cdcd_config(setup, contender, slot, work)
+        cmd = [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
+        m = run_measured([*cmd, "--endpos", setup.end_lsn], env=cdcd_env(work, False))
+        return cdcd_result(setup, contender, work, m)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def latency_summary(path: Path, end_lsn: str) -> dict[str, Any]:
+    """p50/p99/max commit-to-durable milliseconds of the transactions up to ``end_lsn``."""
+    end = parse_lsn(end_lsn)
+    samples = []
+    for line in path.read_bytes().splitlines():
+        rec = orjson.loads(line)
+        if rec["end_lsn"] <= end:
+            commit_unix_us = rec["commit_time_us"] + PG_EPOCH_OFFSET_US
+            samples.append((rec["durable_us"] - commit_unix_us) / 1000)
+    samples.sort()
+    if not samples:
+        return {}
+
+    def pct(p: float) -> float:
+        return round(samples[min(len(samples) - 1, int(p * len(samples)))], 2)
+
+    return {"p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": round(samples[-1], 2)}
+
+
+def _check(m: Measured, what: str) -> None:
+    if m.returncode != 0:
+        raise RuntimeError(
+            f"{what} exited {m.returncode}\n--- stdout\n{m.stdout[-3000:]}\n"
+            f"--- stderr\n{m.stderr[-3000:]}"
+        )
+
+
+def parse_lsn(text: str) -> int:
+    hi, lo = text.split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+# --------------------------------------------------------------------------- one workload
+
+
+def prepare(cluster: PgCluster, wl: Workload, contenders: list[str]) -> tuple[PgDatabase, str]:
+    """A fresh database with the workload's tables, publication and slots (same LSN)."""
+    db = create_database(cluster, f"bench_{wl.name.lower()}")
+    db.execute(wl.ddl)
+    tables = ", ".join(t for t in ("w1", "w2", "w3", "w4", "w5") if t in wl.ddl)
+    db.execute("CREATE TABLE bench_sentinel (id int)")
+    db.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {tables}, bench_sentinel")
+    first, *rest = (slot_name(wl.name, c) for c in contenders)
+    start = db.fetchval(
+        f"SELECT lsn::text FROM pg_create_logical_replication_slot('{first}', 'pgoutput')"
+    )
+    for slot in rest:
+        db.execute(f"SELECT pg_copy_logical_replication_slot('{first}', '{slot}')")
+    return db, start
+
+
+def finish_load(db: PgDatabase) -> str:
+    """The end LSN after the load, then a sentinel row past it (see the module docstring)."""
+    end = db.fetchval("SELECT pg_current_wal_lsn()::text")
+    db.execute("INSERT INTO bench_sentinel VALUES (1)")
+    return str(end)
+
+
+def run_workload(
+    cluster: PgCluster, wl: Workload, args: argparse.Namespace, contenders: list[str]
+) -> list[dict[str, Any]]:
+    db, start_lsn = prepare(cluster, wl, contenders)
+    work = Path(tempfile.mkdtemp(prefix="cdcd-bench-"))
+    setup = Setup(cluster, db, wl, "", 0, args.scale, args.peer, work)
+    try:
+        if wl.live:
+            results = run_live(setup, contenders)
+        else:
+            t0 = time.perf_counter()
+            setup.expected_rows = wl.load(db, args.scale)
+            setup.end_lsn = finish_load(db)
+            log(f"  {wl.name}: load {setup.expected_rows} rows in {time.perf_counter() - t0:.1f}s")
+            results = []
+            for contender in contenders:
+                results.append(run_contender(setup, contender))
+                log(f"    {contender}: {summary_line(results[-1])}")
+        wal = parse_lsn(setup.end_lsn) - parse_lsn(start_lsn)
+        return report(cluster, wl, results, wal)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        db.drop()
+
+
+def run_contender(setup: Setup, contender: str) -> Result:
+    slot = slot_name(setup.workload.name, contender)
+    if contender == "pg_recvlogical":
+        return run_pg_recvlogical(setup, slot)
+    if contender.startswith("psycopg2_"):
+        return run_peer(setup, slot, decode=contender == "psycopg2_pypgoutput")
+    if contender == "cdcd_kafka":
+        with kafka_broker() as broker:
+            setup.kafka = broker
+            return run_cdcd(setup, slot, contender)
+    return run_cdcd(setup, slot, contender)
+
+
+def run_live(setup: Setup, contenders: list[str]) -> list[Result]:
+    """W4: cdcd runs during the load; stopped (SIGTERM) once its slot confirmed the end."""
+    procs = []
+    with contextlib.ExitStack() as stack:
+        if "cdcd_kafka" in contenders:
+            setup.kafka = stack.enter_context(kafka_broker())
+        for contender in contenders:
+            if not contender.startswith("cdcd_"):
+                continue
+            work = Path(tempfile.mkdtemp(prefix=f"{contender}-", dir=setup.work))
+            slot = slot_name(setup.workload.name, contender)
+            config = cdcd_config(setup, contender, slot, work)
+            out = stack.enter_context(tempfile.TemporaryFile())
+            err = stack.enter_context(tempfile.TemporaryFile())
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cdcd", "run", "--config", str(config)],
+                stdout=out,
+                stderr=err,
+                env=cdcd_env(work, True),
+                cwd=REPO,
+            )
+            stack.callback(_kill_quietly, proc)
+            procs.append((contender, slot, work, proc, t0, out, err))
+        wait_streaming(setup.db, [p[1] for p in procs])
+        setup.expected_rows = setup.workload.load(setup.db, setup.scale)
+        setup.end_lsn = finish_load(setup.db)
+        end = parse_lsn(setup.end_lsn)
+        results = []
+        for contender, slot, work, proc, t0, out, err in procs:
+            wait_confirmed(setup.db, slot, end, proc)
+            proc.send_signal(signal.SIGTERM)
+            m = _wait_measured(proc, t0, out, err, 120)
+            results.append(cdcd_result(setup, contender, work, m))
+            log(f"    {contender}: {summary_line(results[-1])}")
+        return results
+
+
+def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        with contextlib.suppress(Exception):
+            proc.wait(10)
+
+
+def wait_streaming(db: PgDatabase, slots: list[str], timeout: float = 60) -> None:
+    names = ", ".join(f"'{s}'" for s in slots)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        active = db.fetchval(
+            f"SELECT count(*) FROM pg_replication_slots WHERE active AND slot_name IN ({names})"
+        )
+        if active == len(slots):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"cdcd did not start streaming from {slots}")
+
+
+def wait_confirmed(
+    db: PgDatabase, slot: str, end: int, proc: subprocess.Popen[bytes], timeout: float = 600
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lsn = db.fetchval(
+            f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        )
+        if lsn is not None and parse_lsn(lsn) >= end:
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"cdcd on slot {slot} exited early with {proc.returncode}")
+        time.sleep(0.05)
+    raise RuntimeError(f"slot {slot} did not confirm the end LSN in {timeout}s")
+
+
+@contextlib.contextmanager
+def kafka_broker() -> Any:
+    """A fresh tansu broker, clients connecting to it directly (no test proxy in between)."""
+    from tests.kafkaharness import KafkaBroker, free_port
+
+    port = free_port()
+    broker = KafkaBroker(bootstrap=f"127.0.0.1:{port}", _internal_port=port)
+    asyncio.run(broker._spawn())
+    try:
+        yield broker
+    finally:
+        asyncio.run(broker.close())
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def report(
+    cluster: PgCluster, wl: Workload, results: list[Result], wal_bytes: int
+) -> list[dict[str, Any]]:
+    rates = {r.contender: r.rows / r.measured.seconds for r in results}
+    rows = []
+    for r in results:
+        rate = rates[r.contender]
+        row: dict[str, Any] = {
+            "workload": wl.name,
+            "contender": r.contender,
+            "rows": r.rows,
+            "seconds": round(r.measured.seconds, 3),
+            "rows_per_s": round(rate),
+            "wal_mb_per_s": round(wal_bytes / 2**20 / r.measured.seconds, 2),
+            "peak_rss_mb": round(r.measured.peak_rss_mb, 1),
+            "ratio_vs_pg_recvlogical": _ratio(rate, rates.get("pg_recvlogical")),
+            "ratio_vs_psycopg2_pypgoutput": _ratio(rate, rates.get("psycopg2_pypgoutput")),
+            "server_version": cluster.version,
+            "cpu_seconds": round(r.measured.cpu_seconds, 3),
+            "streaming": wl.streaming,
+        }
+        row |= r.extra
+        rows.append(row)
+    return rows
+
+
+def _ratio(rate: float, reference: float | None) -> float | None:
+    return round(rate / reference, 3) if reference else None
+
+
+def summary_line(r: Result) -> str:
+    m = r.measured
+    extra = " ".join(f"{k}={v}" for k, v in r.extra.items() if k != "peer_rows_per_s")
+    return (
+        f"rows={r.rows} {m.seconds:.2f}s {r.rows / m.seconds:,.0f} rows/s "
+        f"cpu={m.cpu_seconds:.2f}s rss={m.peak_rss_mb:.0f}MB {extra}"
+    )
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'pg':>4} {'workload':<8} {'contender':<20} {'rows':>9} {'seconds':>8} {'rows/s':>9} "
+        f"{'cpu s':>7} {'rss MB':>7} {'x pg_recv':>9} {'x pypgout':>9}  extra"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        extra = " ".join(
+            f"{k}={r[k]}" for k in ("p50_ms", "p99_ms", "max_ms", "spilled_bytes") if k in r
+        )
+        lines.append(
+            f"{r['server_version']:>4} {r['workload']:<8} {r['contender']:<20} {r['rows']:>9} "
+            f"{r['seconds']:>8.2f} {r['rows_per_s']:>9} {r['cpu_seconds']:>7.2f} "
+            f"{r['peak_rss_mb']:>7.0f} {_fmt(r['ratio_vs_pg_recvlogical']):>9} "
+            f"{_fmt(r['ratio_vs_psycopg2_pypgoutput']):>9}  {extra}"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="sizes / 50 (CI smoke test)")
+    parser.add_argument("--scale", type=float, help="size factor (default 1, --quick 0.02)")
+    parser.add_argument(
+        "--workload", default="W1,W1s,W2,W3,W4,W5", help="comma list of " + ",".join(WORKLOADS)
+    )
+    parser.add_argument(
+        "--contenders", default=",".join(ALL_CONTENDERS), help="comma list (default: all)"
+    )
+    parser.add_argument("--pg", default="18,15", help="PostgreSQL majors (default 18,15)")
+    parser.add_argument("--json", type=Path, help="also write the results here (JSON array)")
+    parser.add_argument(
+        "--peer",
+        type=Path,
+        default=REPO.parent / "shared" / "bench" / "peer_psycopg2.py",
+        help="the psycopg2 peer script (default ../shared/bench/peer_psycopg2.py)",
+    )
+    args = parser.parse_args(argv)
+    if args.scale is None:
+        args.scale = 0.02 if args.quick else 1.0
+    unknown = [w for w in args.workload.split(",") if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    wanted = [c for c in args.contenders.split(",") if c]
+    bad = [c for c in wanted if c not in ALL_CONTENDERS]
+    if bad:
+        raise SystemExit(f"unknown contender(s) {bad}")
+    if not args.peer.exists():
+        log(f"peer script {args.peer} not found: skipping the psycopg2 contenders")
+        wanted = [c for c in wanted if not c.startswith("psycopg2_")]
+    all_rows: list[dict[str, Any]] = []
+    for major in (int(m) for m in args.pg.split(",") if m):
+        install = get_installation(major)
+        if install is None:
+            log(f"PostgreSQL {major} is not installed: skipped")
+            continue
+        cluster = PgCluster(install, settings={"max_wal_size": "4GB"})
+        cluster.start()
+        log(f"PostgreSQL {cluster.version} on port {cluster.port}")
+        try:
+            for name in args.workload.split(","):
+                wl = WORKLOADS[name]
+                contenders = [c for c in wl.contenders if c in wanted]
+                if not contenders:
+                    continue
+                rows = run_workload(cluster, wl, args, contenders)
+                for row in rows:
+                    print(orjson.dumps(row).decode(), flush=True)
+                all_rows.extend(rows)
+                if args.json:
+                    args.json.write_bytes(orjson.dumps(all_rows, option=orjson.OPT_INDENT_2))
+        finally:
+            cluster.destroy()
+    print(table(all_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
