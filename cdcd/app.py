@@ -416,7 +416,10 @@ class Pipeline:
                 self._keepalive_lsn = max(self._keepalive_lsn, item.wal_end)
                 stats.server_wal_end = max(stats.server_wal_end, item.wal_end)
                 self._received.advance(item.wal_end)
-                if endpos is not None and item.wal_end >= endpos and assembler.idle:
+                # Unresolved prepared and uncommitted streamed transactions may remain: their
+                # commit comes after the server's position, so after endpos; the confirmed
+                # LSN stays before them (confirm_ceiling), so the next run receives them again.
+                if endpos is not None and item.wal_end >= endpos and not assembler.in_transaction:
                     self._reach_endpos()
                     return
             if self._stop.is_set():

@@ -235,3 +235,164 @@ def comparable(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows with :func:`normalize`d values, sorted, for comparing table states."""
     normal = [{c: normalize(v) for c, v in row.items()} for row in rows]
     return sorted(normal, key=lambda r: sorted((c, repr(v)) for c, v in r.items()))
+
+
+# --------------------------------------------------------------------------- Kafka and Parquet
+# (added for tests/integration/test_e2e_kafka_parquet.py and test_crash_kafka.py): read what the
+# Kafka sink and the Parquet file sink wrote with independent clients (aiokafka's consumer,
+# pyarrow), in the JSON form of CONTRACT §3 so it compares with the JSON Lines events.
+
+
+def native_to_json(value: Any) -> Any:
+    """A native (Parquet / Python) value in its CONTRACT §3 JSON form: decimals as exact
+    strings, timestamptz as UTC ``...Z``, timestamps/times without trailing fraction zeros
+    (PostgreSQL's text), dates ISO, bytes base64, lists element-wise."""
+    import datetime as dt
+
+    def trimmed(text: str) -> str:
+        return text.rstrip("0").rstrip(".") if "." in text else text
+
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            utc = value.astimezone(dt.UTC).replace(tzinfo=None)
+            return trimmed(utc.isoformat()) + "Z"
+        return trimmed(value.isoformat())
+    if isinstance(value, dt.time):
+        return trimmed(value.isoformat())
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes | memoryview):
+        return b64(bytes(value))
+    if isinstance(value, list):
+        return [native_to_json(v) for v in value]
+    return value
+
+
+def parquet_event(record: dict[str, Any]) -> dict[str, Any]:
+    """One Parquet row as the JSON Lines event it stands for: native values in JSON form,
+    ``unrepresentable`` values put back, unchanged TOAST columns (null in Parquet, listed in
+    ``source.unchanged_toast``) as the marker, null-valued optional ``source`` fields dropped,
+    ``key`` null for a table without key columns."""
+    lost = dict(record.get("unrepresentable") or [])
+    source = {k: v for k, v in record["source"].items() if v is not None}
+    event: dict[str, Any] = {
+        "op": record["op"],
+        "source": source,
+        "ts_ms": record["ts_ms"],
+        "transaction": record["transaction"],
+        "key": native_to_json(record["key"]) if record.get("key") is not None else None,
+    }
+    for image in ("before", "after"):
+        row = record[image]
+        if row is None:
+            event[image] = None
+            continue
+        values = {c: native_to_json(v) for c, v in row.items()}
+        for column in values:
+            if f"{image}.{column}" in lost:
+                values[column] = orjson.loads(lost[f"{image}.{column}"])
+        if image == "after":
+            for column in source.get("unchanged_toast", ()):
+                values[column] = UNAVAILABLE
+        event[image] = values
+    return event
+
+
+def parquet_events(out: Path, table: str) -> list[dict[str, Any]]:
+    """Every Parquet event of ``schema.table`` in file-name order (pyarrow, as Spark reads it),
+    asserting each file is named after its first event; see :func:`parquet_event`."""
+    import pyarrow.parquet as pq
+
+    events: list[dict[str, Any]] = []
+    for path in data_files(out / table, ".parquet"):
+        rows = [parquet_event(r) for r in pq.read_table(path).to_pylist()]
+        assert rows, f"{path} is empty"
+        assert path.name == file_name(rows[0], ".parquet"), f"{path.name}: not its first event"
+        events.extend(rows)
+    return events
+
+
+def comparable_event(event: dict[str, Any]) -> dict[str, Any]:
+    """A JSON Lines / Kafka event without the optional ``source`` fields that are null, so it
+    compares with :func:`parquet_event`."""
+    source = {k: v for k, v in event["source"].items() if v is not None}
+    return {**event, "source": source}
+
+
+class KafkaRecord:
+    """One consumed record: value and key parsed as JSON, headers as text."""
+
+    __slots__ = ("headers", "key", "offset", "partition", "raw_value", "topic", "value")
+
+    def __init__(self, record: Any) -> None:
+        self.topic: str = record.topic
+        self.partition: int = record.partition
+        self.offset: int = record.offset
+        self.key: Any = orjson.loads(record.key) if record.key is not None else None
+        self.raw_value: bytes | None = record.value
+        self.value: dict[str, Any] | None = (
+            orjson.loads(record.value) if record.value is not None else None
+        )
+        self.headers: dict[str, str] = {k: v.decode() for k, v in record.headers}
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """From the headers (CONTRACT §5)."""
+        return (int(self.headers["cdcd.commit_lsn"]), int(self.headers["cdcd.seq"]))
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.value is None
+
+    def event(self) -> dict[str, Any]:
+        """The value with the top-level ``key`` a JSON Lines line carries."""
+        assert self.value is not None, "a tombstone has no event"
+        return {**self.value, "key": self.key}
+
+    def __repr__(self) -> str:
+        return f"<{self.topic}[{self.partition}]@{self.offset} {self.position}>"
+
+
+async def consume_prefix(
+    bootstrap: str, prefix: str, timeout: float = 60.0
+) -> dict[str, list[KafkaRecord]]:
+    """Every record of every topic named ``<prefix>.*``, from the beginning up to the end
+    offsets seen at the start (call it once the producer is done), by topic, each topic's
+    records sorted by (partition, offset). AssertionError if they are not all read in
+    ``timeout`` seconds."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        topics = sorted(t for t in await consumer.topics() if t.startswith(prefix + "."))
+        parts = [
+            TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t))
+        ]
+        if not parts:
+            return {}
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        records: dict[str, list[KafkaRecord]] = {t: [] for t in topics}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(await consumer.position(tp) < ends[tp] for tp in parts):
+            assert loop.time() < deadline, (
+                f"records of {prefix}.* not all read within {timeout}s: ends {ends}, read "
+                f"{ {t: len(r) for t, r in records.items()} }"
+            )
+            batch = await consumer.getmany(timeout_ms=500)
+            for tp, recs in batch.items():
+                records[tp.topic].extend(KafkaRecord(r) for r in recs if r.offset < ends[tp])
+    finally:
+        await consumer.stop()
+    for recs in records.values():
+        recs.sort(key=lambda r: (r.partition, r.offset))
+    return records

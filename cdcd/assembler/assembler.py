@@ -228,6 +228,13 @@ class Assembler:
         """No open transaction, no buffered streamed xid, no held prepared transaction."""
         return self._current is None and not self._streams and not self._prepared
 
+    @property
+    def in_transaction(self) -> bool:
+        """Inside Begin .. Commit, Begin Prepare .. Prepare or a Stream Start .. Stop block:
+        the server is in the middle of sending something. Between them, buffered streamed
+        xids and held prepared transactions may remain (see :attr:`idle`)."""
+        return self._current is not None or self._block is not None
+
     def confirm_ceiling(self) -> int | None:
         """The highest LSN that may be confirmed without risking an in-flight transaction:
         the smallest first LSN among the open transaction, the buffered streamed ones and the
