@@ -43,6 +43,7 @@ from cdcd.config import Config
 from cdcd.decoder import events as ev
 from cdcd.decoder.pgoutput import PgOutputDecoder
 from cdcd.errors import (
+    EXIT_FAILURE,
     EXIT_OK,
     CdcdError,
     ConfigError,
@@ -231,12 +232,25 @@ class Pipeline:
                 for task in done:
                     if task is not stop_waiter and task.exception() is not None:
                         raise task.exception()  # type: ignore[misc]
-                # Orderly stop (signal or endpos): stop reading, then drain the writer.
+                # Orderly stop (signal or endpos): stop reading, then drain the writer. With
+                # --endpos everything up to it must be written, however long that takes; on a
+                # signal the grace period bounds the drain (what is not confirmed is resent).
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
                 await self._queue.put(None)
-                await asyncio.wait_for(writer, timeout=cfg.shutdown.grace_period)
+                if self._endpos_reached:
+                    await writer
+                else:
+                    try:
+                        await asyncio.wait_for(writer, timeout=cfg.shutdown.grace_period)
+                    except TimeoutError:
+                        log.error(
+                            "shutdown grace period expired before the sinks drained; what was "
+                            "not confirmed will be sent again at the next start",
+                            grace_period_s=cfg.shutdown.grace_period,
+                        )
+                        return EXIT_FAILURE
                 await self._flush_all()
                 await self._acknowledge(final=True)
             finally:
