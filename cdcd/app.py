@@ -48,6 +48,7 @@ from cdcd.errors import (
     CdcdError,
     ConfigError,
     DefiniteSourceError,
+    SpillError,
     TransientSinkError,
     TransientSourceError,
 )
@@ -414,7 +415,13 @@ class Pipeline:
                 msg = decoder.decode(data, lsn)
                 if type(msg) is ev.Relation:
                     await catalog.on_relation(msg)
-                txn = assembler.feed(msg, lsn)
+                try:
+                    txn = assembler.feed(msg, lsn)
+                except OSError as exc:
+                    raise SpillError(
+                        f"buffer.spill_dir {self.config.buffer.spill_dir}: {exc.strerror or exc} "
+                        "(free disk space or raise buffer.memory_limit)"
+                    ) from exc
                 if txn is None:
                     continue
                 if endpos is not None and txn.commit_lsn > endpos:

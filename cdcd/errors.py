@@ -8,6 +8,7 @@
     │   ├── LocalProtocolError     we broke it (a bug in cdcd)
     │   └── RemoteProtocolError    the server sent something impossible (names tag and LSN)
     ├── AssemblyError              message order breaks an invariant (nested Begin, ...)
+    ├── SpillError                 the spill directory failed (disk full, permissions): stop
     ├── SourceError                a problem with the PostgreSQL source
     │   ├── DefiniteSourceError    wal_level, slot lost, publication missing, auth,
     │   │                          permission denied: stop, exit 3, say what to do
@@ -65,6 +66,10 @@ class RemoteProtocolError(ProtocolError):
 
 class AssemblyError(CdcdError):
     """The message sequence breaks a transaction invariant (nested Begin, stray Commit, ...)."""
+
+
+class SpillError(CdcdError):
+    """Buffered transactions could not be spilled to or read back from ``buffer.spill_dir``."""
 
 
 class SourceError(CdcdError):
