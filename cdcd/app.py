@@ -146,6 +146,7 @@ class Pipeline:
         self.sinks: list[Sink] = []
         self._stop = asyncio.Event()
         self._endpos_reached = False
+        self._publication_check_due = False  # a server warning said it was skipped
         self._queue: asyncio.Queue[Transaction | None] = asyncio.Queue(
             maxsize=config.buffer.queue_transactions
         )
@@ -220,7 +221,7 @@ class Pipeline:
                 log.info("snapshot.mode is initial_only: done")
                 return EXIT_OK
             writer = asyncio.create_task(self._writer(encoder), name="writer")
-            acker = asyncio.create_task(self._acker(), name="acker")
+            acker = asyncio.create_task(self._acker(source), name="acker")
             reader = asyncio.create_task(self._reader_loop(source), name="reader")
             poller = asyncio.create_task(self._slot_poller(source), name="slot-poller")
             stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
@@ -386,6 +387,7 @@ class Pipeline:
         assert self._assembler is not None and self._catalog is not None
         client = await source.replication_client()
         self._client = client
+        client.on_notice = self._on_server_notice
         opts = stream_options(self.config.source, client.server_version)
         decoder = PgOutputDecoder(opts.proto_version)
         assembler = self._assembler
@@ -614,9 +616,43 @@ class Pipeline:
             with contextlib.suppress(CdcdError, OSError):
                 await client.send_status()
 
-    async def _acker(self) -> None:
+    def _on_server_notice(self, fields: Any) -> None:
+        # PostgreSQL 18 does not fail when the publication is missing at a WAL position: it
+        # warns "skipped loading publication" (55000) and publishes nothing of those changes
+        # (15-17 fail with an error, which ends the stream). See whether it was dropped.
+        if fields.code == "55000" and "publication" in fields.message:
+            self._publication_check_due = True
+
+    async def _check_publication(self, source: Any) -> None:
+        """A definite error when the publication does not exist (any more)."""
+        from cdcd.source import open_sql
+
+        name = self.config.source.publication
+        conn = await open_sql(source.params, self.config.source.connect_timeout)
+        try:
+            exists = await conn.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name
+            )
+        finally:
+            await conn.close()
+        if not exists:
+            raise DefiniteSourceError(
+                f"publication {name!r} does not exist: it was dropped while streaming, and the "
+                "server skips the changes it would have published. Re-create it and "
+                "re-snapshot the tables (changes since the drop were not captured)"
+            )
+        log.warning(
+            "the server skipped the publication at an earlier WAL position (created "
+            "after the slot?); changes before its creation are not published",
+            publication=name,
+        )
+
+    async def _acker(self, source: Any = None) -> None:
         while True:
             await asyncio.sleep(0.2)
+            if self._publication_check_due and source is not None:
+                self._publication_check_due = False
+                await self._check_publication(source)
             await self._acknowledge()
             if self._endpos_reached:
                 await self._finish_endpos()

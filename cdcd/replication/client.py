@@ -30,7 +30,7 @@ import contextlib
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -259,6 +259,8 @@ class ReplicationClient:
         self._status_task: asyncio.Task[None] | None = None
         self._closed = False
         self.tls = False
+        #: called with every notice or warning that arrives during :meth:`messages`
+        self.on_notice: Callable[[wire.ServerMessage], None] | None = None
 
     def __repr__(self) -> str:
         return f"ReplicationClient({self.params.describe()}, state={self._session.state.value})"
@@ -595,6 +597,8 @@ class ReplicationClient:
                 )
             elif isinstance(event, wire.NoticeResponse):
                 _log_notice(event.fields)
+                if self.on_notice is not None:
+                    self.on_notice(event.fields)
 
     def set_positions(self, *, written: int, flushed: int, applied: int | None = None) -> None:
         """Positions the next status updates report; each only moves forward.
