@@ -29,6 +29,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,28 @@ def alive(proc: subprocess.Popen[bytes], log_path: Path) -> bool:
     return True
 
 
+def scrape_until(
+    proc: subprocess.Popen[bytes],
+    log_path: Path,
+    port: int,
+    condition: Callable[[Samples], bool],
+    what: str,
+) -> Samples:
+    """Scrape ``/metrics`` until ``condition`` holds (bounded); returns that scrape."""
+
+    def attempt() -> Samples | None:
+        alive(proc, log_path)
+        samples = scrape(port)
+        return samples if condition(samples) else None
+
+    result: Samples = wait_for(attempt, what)
+    return result
+
+
+def inserts_at_least(count: int, samples: Samples) -> bool:
+    return metric(samples, "cdcd_events_total", table="public.orders", op="c") >= count
+
+
 def current_lsn(db: PgDatabase) -> str:
     return str(db.fetchval("SELECT pg_current_wal_lsn()::text"))
 
@@ -181,17 +204,13 @@ def test_metrics_and_probes_during_a_workload(
                         f"INSERT INTO orders (amount) SELECT g FROM generate_series(1, {rows_per_txn}) g"
                     )
                     inserted += rows_per_txn
-                target = inserted
                 history.append(
-                    wait_for(
-                        lambda target=target: (
-                            alive(proc, log_path)
-                            and (s := scrape(port))
-                            and metric(s, "cdcd_events_total", table="public.orders", op="c")
-                            >= target
-                            and s
-                        ),
-                        f"{target} insert events in /metrics",
+                    scrape_until(
+                        proc,
+                        log_path,
+                        port,
+                        partial(inserts_at_least, inserted),
+                        f"{inserted} insert events in /metrics",
                     )
                 )
             end_lsn = lsn_int(current_lsn(pg_db))
@@ -216,14 +235,14 @@ def test_metrics_and_probes_during_a_workload(
             )
 
             # once idle: everything acknowledged, no lag
-            caught_up = wait_for(
-                lambda: (
-                    alive(proc, log_path)
-                    and (s := scrape(port))
-                    and metric(s, "cdcd_acknowledged_lsn") >= end_lsn
+            caught_up = scrape_until(
+                proc,
+                log_path,
+                port,
+                lambda s: (
+                    metric(s, "cdcd_acknowledged_lsn") >= end_lsn
                     and metric(s, "cdcd_server_wal_lsn") >= end_lsn
                     and metric(s, "cdcd_replication_lag_bytes") == 0
-                    and s
                 ),
                 "the acknowledged LSN to reach the server's position with no lag",
             )
