@@ -528,31 +528,49 @@ def test_prepared_transactions(
         assert streamed_count(pg_db) >= 1
 
 
-@pytest.mark.parametrize("two_phase", [True, False], ids=["two_phase", "no_two_phase"])
-def test_prepared_transaction_across_restart(
-    pg_db: PgDatabase, tmp_path: Path, two_phase: bool
+@pytest.mark.parametrize(
+    ("two_phase", "streamed", "prepare"),
+    [(True, False, True), (False, False, True), (True, True, True), (False, True, False)],
+    ids=[
+        "prepared-two_phase",
+        "prepared-no_two_phase",
+        "prepared-streamed-two_phase",
+        "open-streamed",
+    ],
+)
+def test_unresolved_transaction_across_restart(
+    pg_db: PgDatabase, tmp_path: Path, two_phase: bool, streamed: bool, prepare: bool
 ) -> None:
-    """A run that ends while a transaction is prepared but unresolved publishes nothing of it
-    and exits; after COMMIT PREPARED the next run publishes it exactly once."""
+    """A run that ends while a transaction is prepared but unresolved (or, streamed, still
+    open) publishes nothing of it and exits; once it commits, the next run publishes it
+    exactly once."""
+    rows = 2000 if streamed else 10
+    if streamed:
+        pg_db.enable_streaming()
     pg_db.execute("CREATE TABLE p (id int PRIMARY KEY, gid text)")
     cdc = make_cdc(pg_db, tmp_path, two_phase=two_phase)
     pg_db.execute("INSERT INTO p VALUES (1, 'before')")
-    with transaction(pg_db) as cur:
-        cur.execute("INSERT INTO p SELECT g, 'g1' FROM generate_series(100, 109) g")
-        cur.execute("PREPARE TRANSACTION 'g1'")
+    with pg_db.connect() as conn, conn.cursor() as cur:
         cur.execute("BEGIN")
-    pg_db.execute("INSERT INTO p VALUES (2, 'after prepare')")
-    cdc.sync()
-    assert [e["after"]["gid"] for e in cdc.events("p")] == ["before", "after prepare"]
-    cdc.sync()  # again, still unresolved
-    assert len(cdc.events("p")) == 2
-    pg_db.execute("COMMIT PREPARED 'g1'")
+        cur.execute(f"INSERT INTO p SELECT g, 'g1' FROM generate_series(100, {99 + rows}) g")
+        if prepare:
+            cur.execute("PREPARE TRANSACTION 'g1'")
+        pg_db.execute("INSERT INTO p VALUES (2, 'after prepare')")
+        cdc.sync()
+        assert [e["after"]["gid"] for e in cdc.events("p")] == ["before", "after prepare"]
+        cdc.sync()  # again, still unresolved
+        assert len(cdc.events("p")) == 2
+        if prepare:
+            pg_db.execute("COMMIT PREPARED 'g1'")
+        else:
+            cur.execute("COMMIT")
     pg_db.execute("INSERT INTO p VALUES (3, 'after commit')")
     cdc.sync()
     events = cdc.assert_state("p")
-    assert [e["after"]["gid"] for e in events] == ["before", "after prepare"] + ["g1"] * 10 + [
-        "after commit"
-    ]
+    expected = ["before", "after prepare"] + ["g1"] * rows + ["after commit"]
+    assert [e["after"]["gid"] for e in events] == expected
+    if streamed:
+        assert streamed_count(pg_db) >= 1
 
 
 # --------------------------------------------------------------------------- 7. messages
