@@ -16,8 +16,9 @@ Progress tracking (the reason this module exists):
   everything it was handed durable — the server's keepalive position may be confirmed as well,
   so an idle slot does not hold WAL forever (PITFALLS, "Positions and acknowledgement").
 * After a reconnect the server resends everything after the confirmed position; transactions
-  whose commit LSN is not beyond the last one handed to the sinks are dropped here, and after a
-  crash the sinks recognise what they already hold by ``(commit_lsn, seq)``.
+  whose end LSN is not beyond that of the last one queued for the sinks are dropped here (end
+  LSNs strictly increase in delivery order; commit LSNs may tie with a non-transactional
+  message's), and after a crash the sinks recognise what they already hold by ``(commit_lsn, seq)``.
 
 Failures are classified by ``cdcd.errors``: transient source errors reconnect with backoff;
 anything else stops the whole daemon with a clear message (no zombie tasks).
@@ -152,7 +153,10 @@ class Pipeline:
         )
         self._confirmed = Progress()
         self._received = Progress()
-        self._handed_commit_lsn = 0  # commit LSN of the last transaction handed to the sinks
+        # End LSN of the last transaction queued for the sinks. Not the commit LSN: a
+        # non-transactional message's LSN is the end of its record, which is also the commit
+        # LSN of a transaction whose commit record follows it directly (e.g. COMMIT PREPARED).
+        self._queued_end_lsn = 0
         self._handed_end_lsn = 0
         self._writer_busy = False
         self._keepalive_lsn = 0
@@ -430,10 +434,10 @@ class Pipeline:
                     txn.release()
                     self._reach_endpos()
                     return
-                if txn.commit_lsn <= self._handed_commit_lsn:
+                if txn.end_lsn <= self._queued_end_lsn:
                     txn.release()  # resent after a reconnect; the sinks already have it
                     continue
-                self._handed_commit_lsn = txn.commit_lsn
+                self._queued_end_lsn = txn.end_lsn
                 await self._queue.put(txn)
             elif isinstance(item, PrimaryKeepalive):
                 self._keepalive_lsn = max(self._keepalive_lsn, item.wal_end)
