@@ -310,6 +310,7 @@ class Setup:
     peer: Path
     work: Path
     kafka: Any = None  # a started broker, for cdcd_kafka
+    profile: Path | None = None  # --profile: run cdcd under py-spy, collapsed stacks here
 
 
 @dataclass
@@ -444,6 +445,10 @@ def run_cdcd(setup: Setup, slot: str, contender: str) -> Result:
     try:
         config = cdcd_config(setup, contender, slot, work)
         cmd = [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
+        if setup.profile is not None:
+            setup.profile.mkdir(parents=True, exist_ok=True)
+            raw = setup.profile / f"{setup.workload.name}-{contender}.txt"
+            cmd = ["py-spy", "record", "--format", "raw", "-r", "250", "-o", str(raw), "--", *cmd]
         m = run_measured([*cmd, "--endpos", setup.end_lsn], env=cdcd_env(work, False))
         return cdcd_result(setup, contender, work, m)
     finally:
@@ -513,7 +518,7 @@ def run_workload(
 ) -> list[dict[str, Any]]:
     db, start_lsn = prepare(cluster, wl, contenders)
     work = Path(tempfile.mkdtemp(prefix="cdcd-bench-"))
-    setup = Setup(cluster, db, wl, "", 0, args.scale, args.peer, work)
+    setup = Setup(cluster, db, wl, "", 0, args.scale, args.peer, work, profile=args.profile)
     try:
         if wl.live:
             results = run_live(setup, contenders)
@@ -723,6 +728,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=REPO.parent / "shared" / "bench" / "peer_psycopg2.py",
         help="the psycopg2 peer script (default ../shared/bench/peer_psycopg2.py)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run cdcd under py-spy (pip install py-spy); collapsed stacks into this folder "
+        "(timings are then not comparable)",
     )
     args = parser.parse_args(argv)
     if args.scale is None:

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import struct
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ __all__ = [
     "SlotCreated",
     "SlotExists",
     "SystemInfo",
+    "XLogTuple",
     "publication_names_option",
     "start_replication_sql",
 ]
@@ -70,6 +72,13 @@ log = structlog.get_logger("cdcd.replication")
 HIGH_WATER = 4 * 1024 * 1024
 
 _COPY_STATES = (wire.State.COPY_BOTH, wire.State.COPY_SERVER_DONE)
+
+#: One XLogData in a batch of :meth:`ReplicationClient.message_batches`:
+#: ``(wal_start, wal_end, send_time, data)``, the fields of :class:`XLogData`.
+XLogTuple = tuple[int, int, int, bytes]
+_XLOG_HEADER = struct.Struct("!cQQq")  # 'w', wal_start, wal_end, send_time
+_XLOG_HEADER_SIZE = 25
+_W = ord("w")
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,9 +575,43 @@ class ReplicationClient:
         A keepalive asking for a reply is answered before it is yielded. The server ending
         the stream, or any error, raises (the stream never just stops).
         """
+        async for batch in self.message_batches():
+            for item in batch:
+                yield item if isinstance(item, PrimaryKeepalive) else XLogData(*item)
+
+    async def message_batches(self) -> AsyncIterator[list[XLogTuple | PrimaryKeepalive]]:
+        """The CopyBoth stream in batches: everything already received, in order.
+
+        The fast path of :meth:`messages` (one await per socket read rather than per message;
+        no object per XLogData): each XLogData is a plain :data:`XLogTuple`
+        ``(wal_start, wal_end, send_time, data)`` with ``data`` as bytes; keepalives are
+        :class:`PrimaryKeepalive`. A keepalive asking for a reply is answered before its batch
+        is yielded. Batches are never empty.
+        """
         session = self._session
         protocol = self._protocol
+        header = _XLOG_HEADER.unpack_from
         while True:
+            payloads = session.copy_data_run()
+            if payloads:
+                batch: list[XLogTuple | PrimaryKeepalive] = []
+                append = batch.append
+                reply = False
+                for payload in payloads:
+                    if payload[0] == _W and len(payload) >= _XLOG_HEADER_SIZE:
+                        _, wal_start, wal_end, sent = header(payload)
+                        append((wal_start, wal_end, sent, payload[_XLOG_HEADER_SIZE:]))
+                    else:
+                        message = parse_copy_data(payload)
+                        if isinstance(message, PrimaryKeepalive):
+                            reply = reply or message.reply_requested
+                            append(message)
+                        else:  # unreachable: a short XLogData raises in parse_copy_data
+                            append(_xlog_tuple(message))
+                if reply:
+                    await self.send_status()
+                yield batch
+                continue
             event = session.next_event()
             if event is None:
                 try:
@@ -578,11 +621,14 @@ class ReplicationClient:
                         f"replication connection to {self.params.describe()} lost: {exc}"
                     ) from exc
                 continue
-            if type(event) is wire.CopyData:
+            if type(event) is wire.CopyData:  # copy_data_run takes these; kept for safety
                 message = parse_copy_data(event.payload)
-                if type(message) is PrimaryKeepalive and message.reply_requested:
-                    await self.send_status()
-                yield message
+                if isinstance(message, PrimaryKeepalive):
+                    if message.reply_requested:
+                        await self.send_status()
+                    yield [message]
+                else:
+                    yield [_xlog_tuple(message)]
             elif isinstance(event, wire.ErrorResponse):
                 raise source_error(
                     event.fields, user=self.params.user, context="replication stream"
@@ -597,8 +643,6 @@ class ReplicationClient:
                 )
             elif isinstance(event, wire.NoticeResponse):
                 _log_notice(event.fields)
-                if self.on_notice is not None:
-                    self.on_notice(event.fields)
 
     def set_positions(self, *, written: int, flushed: int, applied: int | None = None) -> None:
         """Positions the next status updates report; each only moves forward.
@@ -683,6 +727,10 @@ class ReplicationClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _xlog_tuple(message: XLogData) -> XLogTuple:
+    return (message.wal_start, message.wal_end, message.send_time, bytes(message.data))
 
 
 class _TlsHandshakeFailed(Exception):

@@ -60,6 +60,38 @@ class MessageReader:
         self._pos = end
         return tag, payload
 
+    def next_run(self, tag: bytes, max_bytes: int = 256 * 1024) -> list[bytes]:
+        """Payloads of the complete messages with ``tag`` at the head of the buffer, in order.
+
+        The streaming fast path: one call for many messages. Stops before a message with
+        another tag, an incomplete message, or once ``max_bytes`` of payload were taken (at
+        least one message is taken when complete); ``[]`` when the next message is not a
+        complete ``tag`` message (use :meth:`next` then)."""
+        buf = self._buf
+        pos = self._pos
+        size = len(buf)
+        header = _HEADER.unpack_from
+        limit = self._max
+        taken = 0
+        payloads: list[bytes] = []
+        append = payloads.append
+        while size - pos >= _HEADER_SIZE and taken < max_bytes:
+            kind, length = header(buf, pos)
+            if kind != tag:
+                break
+            if length < 4 or length > limit:
+                raise RemoteProtocolError(
+                    f"impossible message length {length}", tag=kind.decode("latin-1")
+                )
+            end = pos + 1 + length
+            if size < end:
+                break
+            append(bytes(buf[pos + _HEADER_SIZE : end]))
+            taken += length
+            pos = end
+        self._pos = pos
+        return payloads
+
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as messages."""

@@ -420,6 +420,15 @@ class Session:
                 f"malformed message: {exc}", tag=tag.decode("latin-1")
             ) from exc
 
+    def copy_data_run(self) -> list[bytes]:
+        """Streaming fast path: the payloads of the CopyData messages at the head of the
+        buffer (what :meth:`next_event` would return as :class:`CopyData` events, one by one).
+        ``[]`` when the next message is not a complete CopyData, or outside a COPY that lets the
+        server send data: then use :meth:`next_event`."""
+        if self._state is not State.COPY_BOTH and self._state is not State.COPY_CLIENT_DONE:
+            return []
+        return self._reader.next_run(b"d")
+
     def _handle(self, tag: bytes, payload: bytes) -> Event:
         # The hot path (CopyData during streaming) comes first.
         if tag == b"d":

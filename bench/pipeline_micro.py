@@ -1,0 +1,124 @@
+"""CPU cost of cdcd's pipeline per row, without a server: captured bytes in, events out.
+
+Usage::
+
+    python bench/pipeline_micro.py capture FILE [--rows N] [--workload W1]
+    python bench/pipeline_micro.py run FILE [--sink null|encode] [--profile OUT]
+
+``capture`` starts a PostgreSQL (tests/pgharness.py), runs a bench/run.py workload once and
+stores the pgoutput messages (``pg_logical_slot_get_binary_changes``, proto_version 1) as the
+replication stream would carry them: CopyData frames of XLogData. ``run`` feeds that stream in
+64 KiB chunks through the same code as the daemon's reader and writer tasks (Session framing,
+XLogData parsing, decoder, assembler, encoder; ``encode`` builds every JSON Lines record) and
+prints CPU seconds and rows/s. No sockets, no event loop: what is left is Python CPU time, so
+figures are stable on a busy machine and comparable across commits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def capture(path: Path, rows: int, workload: str) -> None:
+    from bench.run import PUBLICATION, WORKLOADS
+    from tests.pgharness import PgCluster, create_database, get_installation
+
+    install = get_installation(18) or get_installation(15)
+    assert install is not None, "no PostgreSQL installed"
+    wl = WORKLOADS[workload]
+    with PgCluster(install) as cluster:
+        cluster.start()
+        db = create_database(cluster)
+        db.execute(wl.ddl)
+        table = workload.lower().rstrip("s")
+        db.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {table}")
+        db.execute("SELECT pg_create_logical_replication_slot('micro', 'pgoutput')")
+        wl.load(db, rows / 1_000_000)
+        frames = []
+        with db.connect() as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT lsn::text, data FROM pg_logical_slot_get_binary_changes('micro', NULL, "
+                f"NULL, 'proto_version', '1', 'publication_names', '{PUBLICATION}')"
+            )
+            for lsn, data in cur:
+                hi, lo = lsn.split("/")
+                pos = (int(hi, 16) << 32) | int(lo, 16)
+                body = b"w" + struct.pack("!QQq", pos, pos, 0) + bytes(data)
+                frames.append(b"d" + struct.pack("!I", len(body) + 4) + body)
+        path.write_bytes(b"".join(frames))
+        print(f"{len(frames)} messages, {path.stat().st_size / 2**20:.1f} MiB -> {path}")
+
+
+def run(path: Path, sink: str) -> None:
+    import gc
+
+    gc.set_threshold(50_000, 20, 100)  # as cdcd.app.run
+    from cdcd.assembler.assembler import Assembler
+    from cdcd.decoder.events import Relation
+    from cdcd.decoder.pgoutput import PgOutputDecoder
+    from cdcd.sinks.base import SinkContext
+    from cdcd.sinks.catalog import StaticCatalog
+    from cdcd.sinks.encoding import Encoder
+    from cdcd.wire.session import Session, State
+
+    stream = path.read_bytes()
+    session = Session(user="u", database="d")
+    session._state = State.COPY_BOTH  # as after START_REPLICATION
+    decoder = PgOutputDecoder(1)
+    assembler = Assembler()
+    encoder = Encoder(SinkContext("bench", "bench", Path()), StaticCatalog())
+    encode = sink == "encode"
+    events = 0
+    t0 = time.process_time()
+    w0 = time.perf_counter()
+    header = struct.Struct("!cQQq").unpack_from  # as ReplicationClient.message_batches
+    for start in range(0, len(stream), 65536):
+        session.receive_data(stream[start : start + 65536])
+        for payload in session.copy_data_run():
+            _, lsn, _, _ = header(payload)
+            msg = decoder.decode(payload[25:], lsn)
+            if type(msg) is Relation:
+                pass  # the daemon's live catalog looks the key up here
+            txn = assembler.feed(msg, lsn)
+            if txn is None:
+                continue
+            for batch in encoder.batches(txn):
+                events += len(batch)
+                if encode:
+                    for ev in batch:
+                        ev.record_json()
+            txn.release()
+    cpu = time.process_time() - t0
+    wall = time.perf_counter() - w0
+    print(
+        f"{events} events, cpu {cpu:.2f}s ({events / cpu:,.0f} rows/s, {cpu / events * 1e6:.2f} "
+        f"us/row), wall {wall:.2f}s, sink={sink}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    cap = sub.add_parser("capture")
+    cap.add_argument("file", type=Path)
+    cap.add_argument("--rows", type=int, default=200_000)
+    cap.add_argument("--workload", default="W1")
+    r = sub.add_parser("run")
+    r.add_argument("file", type=Path)
+    r.add_argument("--sink", choices=("null", "encode"), default="null")
+    args = parser.parse_args()
+    if args.command == "capture":
+        capture(args.file, args.rows, args.workload)
+    else:
+        run(args.file, args.sink)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The streaming fast path: MessageReader.next_run and Session.copy_data_run (pure code).
+
+They must return exactly what ``next()`` / ``next_event()`` would, message by message, in any
+chunking, and stop at other tags, incomplete messages and the byte budget.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdcd.errors import RemoteProtocolError
+from cdcd.wire.framing import MessageReader, frame
+from cdcd.wire.session import CopyData, NoticeResponse, Session, State
+
+
+def _drain_one_by_one(stream: bytes) -> list[tuple[bytes, bytes]]:
+    reader = MessageReader()
+    reader.feed(stream)
+    out = []
+    while (msg := reader.next()) is not None:
+        out.append(msg)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payloads=st.lists(st.binary(max_size=40), max_size=30),
+    other_at=st.lists(st.integers(min_value=0, max_value=30), max_size=3),
+    chunk=st.integers(min_value=1, max_value=64),
+    budget=st.integers(min_value=1, max_value=100),
+)
+def test_next_run_equals_next(
+    payloads: list[bytes], other_at: list[int], chunk: int, budget: int
+) -> None:
+    messages = [(b"d", p) for p in payloads]
+    for i in sorted(other_at, reverse=True):
+        messages.insert(min(i, len(messages)), (b"N", b"x"))
+    stream = b"".join(frame(t, p) for t, p in messages)
+    reader = MessageReader()
+    got: list[tuple[bytes, bytes]] = []
+    for start in range(0, len(stream), chunk):
+        reader.feed(stream[start : start + chunk])
+        while True:
+            run = reader.next_run(b"d", max_bytes=budget)
+            if run:
+                got.extend((b"d", p) for p in run)
+                continue
+            msg = reader.next()
+            if msg is None:
+                break
+            got.append(msg)
+    assert got == _drain_one_by_one(stream) == messages
+    assert reader.buffered == 0
+
+
+def test_next_run_stops_at_other_tag_and_partial_message() -> None:
+    reader = MessageReader()
+    reader.feed(frame(b"d", b"a") + frame(b"d", b"b") + frame(b"N", b"n") + frame(b"d", b"c"))
+    assert reader.next_run(b"d") == [b"a", b"b"]
+    assert reader.next_run(b"d") == []
+    assert reader.next() == (b"N", b"n")
+    partial = frame(b"d", b"dddd")
+    reader.feed(partial[:-1])
+    assert reader.next_run(b"d") == [b"c"]
+    assert reader.next_run(b"d") == []
+    reader.feed(partial[-1:])
+    assert reader.next_run(b"d") == [b"dddd"]
+
+
+def test_next_run_byte_budget_takes_at_least_one() -> None:
+    reader = MessageReader()
+    reader.feed(frame(b"d", b"x" * 100) + frame(b"d", b"y"))
+    assert reader.next_run(b"d", max_bytes=10) == [b"x" * 100]
+    assert reader.next_run(b"d", max_bytes=10) == [b"y"]
+
+
+def test_next_run_impossible_length() -> None:
+    reader = MessageReader()
+    reader.feed(b"d\x00\x00\x00\x02")
+    with pytest.raises(RemoteProtocolError, match="impossible message length"):
+        reader.next_run(b"d")
+
+
+def test_copy_data_run_only_while_streaming() -> None:
+    session = Session(user="u", database="d")
+    session.receive_data(frame(b"d", b"w1") + frame(b"N", b"SNOTICE\x00Mhi\x00\x00"))
+    assert session.copy_data_run() == []  # not in COPY: next_event decides (and refuses 'd')
+    session._state = State.COPY_BOTH
+    assert session.copy_data_run() == [b"w1"]
+    assert session.copy_data_run() == []
+    assert isinstance(session.next_event(), NoticeResponse)
+    session.receive_data(frame(b"d", b"w2"))
+    session._state = State.COPY_CLIENT_DONE
+    assert session.copy_data_run() == [b"w2"]
+    session.receive_data(frame(b"d", b"w3"))
+    session._state = State.COPY_BOTH
+    assert session.next_event() == CopyData(b"w3")
