@@ -266,20 +266,21 @@ def test_metrics_and_probes_during_a_workload(
 
 
 class Inserts(threading.Thread):
-    """Small insert transactions until stopped (bounded by ``limit``)."""
+    """Small insert transactions (and some updates) until stopped, at most ``seconds``."""
 
-    def __init__(self, db: PgDatabase, limit: int = 5000) -> None:
+    def __init__(self, db: PgDatabase, seconds: float = 240.0) -> None:
         super().__init__(daemon=True)
         self.db = db
-        self.limit = limit
+        self.seconds = seconds
         self.stop_flag = threading.Event()
         self.committed = 0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
+            deadline = time.monotonic() + self.seconds
             with self.db.connect() as conn, conn.cursor() as cur:
-                while not self.stop_flag.is_set() and self.committed < self.limit:
+                while not self.stop_flag.is_set() and time.monotonic() < deadline:
                     cur.execute(
                         "INSERT INTO items (payload) VALUES (repeat('x', 50)), (repeat('y', 10))"
                     )
@@ -288,7 +289,7 @@ class Inserts(threading.Thread):
                             "UPDATE items SET payload = 'z' WHERE id = %s", (self.committed,)
                         )
                     self.committed += 1
-                    time.sleep(0.002)
+                    time.sleep(0.005)
         except BaseException as exc:  # reported by the test
             self.error = exc
 
@@ -313,11 +314,13 @@ def test_sigterm_drains_and_a_restart_loses_and_repeats_nothing(
                 ),
                 "the first files while the workload runs",
             )
-            assert workload.is_alive(), "the workload ended before SIGTERM"
+            assert workload.is_alive(), f"the workload ended before SIGTERM: {workload.error!r}"
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=grace + 30)
             assert code == 0, log_path.read_text()[-6000:]
-            assert workload.is_alive(), "the workload ended before the drain did"
+            assert workload.is_alive(), (
+                f"the workload ended before the drain did: {workload.error!r}"
+            )
     finally:
         workload.stop_flag.set()
         workload.join(timeout=30)
