@@ -643,6 +643,8 @@ class ReplicationClient:
                 )
             elif isinstance(event, wire.NoticeResponse):
                 _log_notice(event.fields)
+                if self.on_notice is not None:
+                    self.on_notice(event.fields)
 
     def set_positions(self, *, written: int, flushed: int, applied: int | None = None) -> None:
         """Positions the next status updates report; each only moves forward.
