@@ -663,7 +663,11 @@ class Pipeline:
             await asyncio.sleep(0.2)
             if self._publication_check_due and source is not None:
                 self._publication_check_due = False
-                await self._check_publication(source)
+                try:
+                    await self._check_publication(source)
+                except TransientSourceError as exc:  # check again at the next tick
+                    log.warning("could not check the publication", error=str(exc))
+                    self._publication_check_due = True
             await self._acknowledge()
             if self._endpos_reached:
                 await self._finish_endpos()
