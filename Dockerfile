@@ -1,18 +1,21 @@
 # cdcd container image.
 #
 #   docker build -t cdcd .
-#   docker run --rm -v "$PWD/cdcd.yaml:/etc/cdcd/cdcd.yaml:ro" -v cdcd-data:/var/lib/cdcd \
-#       -e PGPASSWORD_FOR_CDCD=... -p 8080:8080 cdcd
+#   docker run --rm -p 8080:8080 \
+#       -v "$PWD/cdcd.yaml:/etc/cdcd/cdcd.yaml:ro" -v cdcd-data:/var/lib/cdcd \
+#       -e CDCD_PG_PASSWORD=... cdcd          # with dsn: postgresql://cdc:${CDCD_PG_PASSWORD}@db/shop
+#   docker run --rm -v "$PWD/cdcd.yaml:/etc/cdcd/cdcd.yaml:ro" cdcd check
 #
 # - The config is read from /etc/cdcd/cdcd.yaml (CDCD_CONFIG); mount yours there. Relative
 #   paths in it are relative to its folder, which is read-only in a pod: give the file sink,
 #   buffer.spill_dir and snapshot.state_dir absolute paths under /var/lib/cdcd (the working
 #   directory, owned by the cdcd user; mount a volume there to keep files across restarts).
 # - The HTTP endpoint listens on 0.0.0.0:8080 (CDCD_HTTP__LISTEN overrides http.listen), and
-#   HEALTHCHECK asks /healthz there. /readyz is 200 only while streaming.
+#   HEALTHCHECK asks /healthz there (change both together). /readyz is 200 only while streaming.
 # - ENTRYPOINT is cdcd itself (PID 1), so SIGTERM reaches it and drains: stop reading, make
 #   the sinks durable, confirm, exit 0 within shutdown.grace_period (allow for it in the
-#   orchestrator's stop timeout). Other commands: `docker run cdcd check`, `... slot status`.
+#   orchestrator's stop timeout, e.g. `docker stop -t 60`). Other commands as arguments:
+#   check, slot status, quickstart.
 #
 # The install steps are the ones scripts/setup runs for the README and CI (a venv, then
 # `python -m pip install -q --upgrade pip` and `python -m pip install -q .`), except that the
