@@ -59,6 +59,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -539,7 +540,55 @@ def run_workload(
 
 
 def run_contender(setup: Setup, contender: str) -> Result:
+    """Drain the contender's slot; also sample its walsender's CPU time (the server's side)."""
     slot = slot_name(setup.workload.name, contender)
+    with WalsenderCpu(setup.db, slot) as server:
+        result = _run_contender(setup, contender, slot)
+    result.extra["server_cpu_seconds"] = round(server.seconds, 3)
+    return result
+
+
+class WalsenderCpu:
+    """Samples the CPU time of the walsender serving ``slot`` (``/proc``) every 0.1 s while
+    the contender runs; ``seconds`` is the last sample (the final < 0.1 s is missed)."""
+
+    def __init__(self, db: PgDatabase, slot: str) -> None:
+        self._db, self._slot = db, slot
+        self.seconds = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> WalsenderCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        import psycopg2
+
+        tick = os.sysconf("SC_CLK_TCK")
+        with contextlib.suppress(psycopg2.Error), self._db.connect() as conn:
+            pid = None
+            while not self._done.wait(0.1):
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                        (self._slot,),
+                    )
+                    row = cur.fetchone()
+                pid = row[0] if row and row[0] else pid
+                if pid is None:
+                    continue
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    self.seconds = (int(fields[11]) + int(fields[12])) / tick
+
+
+def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
     if contender == "pg_recvlogical":
         return run_pg_recvlogical(setup, slot)
     if contender.startswith("psycopg2_"):
@@ -689,7 +738,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for r in rows:
         extra = " ".join(
-            f"{k}={r[k]}" for k in ("p50_ms", "p99_ms", "max_ms", "spilled_bytes") if k in r
+            f"{k}={r[k]}"
+            for k in ("server_cpu_seconds", "p50_ms", "p99_ms", "max_ms", "spilled_bytes")
+            if k in r
         )
         lines.append(
             f"{r['server_version']:>4} {r['workload']:<8} {r['contender']:<20} {r['rows']:>9} "
