@@ -164,6 +164,7 @@ class Pipeline:
         self._client: ReplicationClient | None = None
         self._catalog: LiveCatalog | None = None
         self._catalog_conn: Any = None
+        self._catalog_stale = False  # the source was lost: reconnect the catalog too
         self._assembler: Assembler | None = None
         self._last_flush: dict[int, float] = {}
         self.health: Any = None
@@ -364,6 +365,9 @@ class Pipeline:
                 await self._stream_once(source)
                 return  # endpos reached
             except TransientSourceError as exc:
+                if self.stats.streaming:  # it had been streaming: a new run of failures starts
+                    backoff = src.reconnect_min_backoff
+                    failing_since = None
                 self.stats.connected = False
                 self.stats.streaming = False
                 now = time.monotonic()
@@ -373,6 +377,7 @@ class Pipeline:
                         f"giving up after {src.give_up_after:.0f} s of failed connections: {exc}"
                     ) from exc
                 self.stats.reconnects += 1
+                self._catalog_stale = True
                 log.warning(
                     "source connection lost; reconnecting", error=str(exc), backoff_s=backoff
                 )
@@ -390,6 +395,10 @@ class Pipeline:
 
     async def _stream_once(self, source: Any) -> None:
         assert self._assembler is not None and self._catalog is not None
+        if self._catalog_stale:
+            self._catalog_conn = await source.reconnect_catalog()
+            self._catalog.use_connection(self._catalog_conn)
+            self._catalog_stale = False
         client = await source.replication_client()
         self._client = client
         client.on_notice = self._on_server_notice

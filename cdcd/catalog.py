@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+
 from cdcd.decoder.events import Relation
 from cdcd.decoder.types import TypeInfo, TypeRegistry
 from cdcd.errors import TransientSourceError
@@ -35,6 +37,16 @@ FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
 WHERE t.oid = $1
 """
 
+#: What a lost or broken connection raises (the server restarting, a cut connection, a
+#: connection left mid-operation by an earlier failure): reconnect and retry.
+_CONNECTION_LOST = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
+
 #: OIDs below this are assigned at initdb (built-in types); user types get larger ones.
 FIRST_NORMAL_OBJECT_ID = 16384
 
@@ -47,6 +59,10 @@ class LiveCatalog:
         self.types = types if types is not None else TypeRegistry()
         self._keys: dict[int, tuple[str, ...] | None] = {}
         self._known_types: set[int] = set()
+
+    def use_connection(self, conn: Any) -> None:
+        """Query through ``conn`` from now on (the pipeline reconnects after losing the source)."""
+        self._conn = conn
 
     def key_columns(self, relation: Relation) -> tuple[str, ...] | None:
         if relation.oid in self._keys:
@@ -71,7 +87,7 @@ class LiveCatalog:
             self._keys[relation.oid] = key
             for column in relation.columns:
                 await self._ensure_type(column.type_oid)
-        except (OSError, ConnectionError) as exc:
+        except _CONNECTION_LOST as exc:
             raise TransientSourceError(f"catalog query failed: {exc}") from exc
 
     async def _ensure_type(self, oid: int) -> None:

@@ -85,6 +85,14 @@ class Source:
             self.catalog_conn = await open_sql(self.params, self.config.source.connect_timeout)
             self.database = await self.catalog_conn.fetchval("SELECT current_database()")
 
+    async def reconnect_catalog(self) -> Any:
+        """A new catalog connection in place of one that may be broken (after a lost source)."""
+        old, self.catalog_conn = self.catalog_conn, None
+        if old is not None:
+            old.terminate()
+        await self.connect_catalog()
+        return self.catalog_conn
+
     async def prepare(self) -> SnapshotPlan | None:
         """Check the server and set up the publication and slot as configured.
 
