@@ -723,3 +723,25 @@ def test_sigterm_drains_and_exits_zero(
     assert daemon.log().count("stopping: draining sinks") == 3
     finish_to_endpos(pg_db, cfg)
     assert_exactly_once(pg_db, out, workload)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="CONTRACT §3 gives a non-transactional message the position (its own LSN, 0); "
+    "PostgreSQL's message LSN is the END of the message's WAL record, which is the commit "
+    "LSN of a transaction whose commit record directly follows it, so that transaction's "
+    "first event gets the same (commit_lsn, seq) and a consumer deduplicating on it drops "
+    "one of the two (position assigned in cdcd/sinks/encoding.py; the contract must change)",
+)
+def test_nontransactional_message_position_is_unique(pg_db: PgDatabase, tmp_path: Path) -> None:
+    prepare_database(pg_db)
+    cfg = make_config(tmp_path, pg_db.dsn)
+    # The message record is the last before the commit record: message LSN == commit LSN.
+    pg_db.execute(
+        "BEGIN; INSERT INTO acct VALUES (1, 1, 'a');"
+        "SELECT pg_logical_emit_message(false, 'crash', 'nt'); COMMIT"
+    )
+    finish_to_endpos(pg_db, cfg)
+    events = list(all_events(tmp_path / "out"))
+    assert sorted(e["op"] for e in events) == ["c", "m"]
+    assert_no_duplicates(events)
