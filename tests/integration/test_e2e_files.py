@@ -32,7 +32,9 @@ import pytest
 
 from tests.e2e import (
     UNAVAILABLE,
+    all_events,
     apply_events,
+    assert_no_duplicates,
     checked_events,
     comparable,
     data_files,
@@ -64,6 +66,8 @@ class Cdc:
         """``cdcd run --endpos`` up to ``endpos`` (default: :func:`wal_position`)."""
         endpos = endpos or wal_position(self.db)
         run_cdcd("run", "--config", str(self.cfg), "--endpos", endpos)
+        if self.out.is_dir():  # positions are unique across tables too
+            assert_no_duplicates(all_events(self.out))
         return endpos
 
     def events(self, table: str) -> list[dict[str, Any]]:
