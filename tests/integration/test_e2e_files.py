@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -389,11 +390,14 @@ def by_transaction(events: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return result
 
 
-def streamed_count(db: PgDatabase, slot: str = "cdcd_e2e") -> int:
-    return int(
-        db.fetchval(f"SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = '{slot}'")
-        or 0
-    )
+def assert_streamed(db: PgDatabase, at_least: int = 1, slot: str = "cdcd_e2e") -> None:
+    """The server streamed at least ``at_least`` transactions to the slot (else the test
+    proves nothing about streaming). Slot statistics may lag the walsender's exit: poll."""
+    sql = f"SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = '{slot}'"
+    deadline = time.monotonic() + 30
+    while (count := int(db.fetchval(sql) or 0)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert count >= at_least, f"{count} streamed transactions, expected {at_least} or more"
 
 
 def test_streamed_transactions(pg_db: PgDatabase, tmp_path: Path) -> None:
@@ -440,7 +444,7 @@ def test_streamed_transactions(pg_db: PgDatabase, tmp_path: Path) -> None:
     assert {e["after"]["tag"] for e in txns[1]} == {"outer", "in a", "in a after b"}
     assert all(e["after"]["id"] >= 20_000 for e in txns[2])  # two committed first
     assert ops(txns[3]) == "c" * 1000 + "u" * 1000
-    assert streamed_count(pg_db) >= 3, "the workload was not streamed: the test proves nothing"
+    assert_streamed(pg_db, 3)
 
 
 # --------------------------------------------------------------------------- 5. DDL
@@ -487,7 +491,7 @@ def test_ddl_inside_streamed_transaction(pg_db: PgDatabase, tmp_path: Path) -> N
     assert sorted(p.name for p in schema_dir.iterdir()) == [
         f"{s['commit_lsn']:016X}-{s['seq']:08X}.json" for s in schemas
     ]
-    assert streamed_count(pg_db) >= 1
+    assert_streamed(pg_db)
 
 
 # --------------------------------------------------------------------------- 6. two-phase
@@ -529,7 +533,7 @@ def test_prepared_transactions(
     ]
     assert len(txns[1]) == rows
     if streamed:
-        assert streamed_count(pg_db) >= 1
+        assert_streamed(pg_db)
 
 
 @pytest.mark.parametrize(
@@ -574,7 +578,7 @@ def test_unresolved_transaction_across_restart(
     expected = ["before", "after prepare"] + ["g1"] * rows + ["after commit"]
     assert [e["after"]["gid"] for e in events] == expected
     if streamed:
-        assert streamed_count(pg_db) >= 1
+        assert_streamed(pg_db)
 
 
 # --------------------------------------------------------------------------- 7. messages
