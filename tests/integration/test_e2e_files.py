@@ -327,6 +327,38 @@ def test_unchanged_toast(pg_db: PgDatabase, tmp_path: Path) -> None:
     assert all(not e["source"].get("unchanged_toast") for e in events)
 
 
+def test_key_change_with_unchanged_toast(pg_db: PgDatabase, tmp_path: Path) -> None:
+    """An update that changes the key and leaves a TOASTed value unchanged becomes delete +
+    create. Under FULL the create carries the value (from the old row). Under DEFAULT the
+    server sends neither the value nor the old row: the create carries the marker and lists
+    the column (a consumer cannot rebuild that row; Debezium has the same limitation)."""
+    for table, identity in (("toast_default", "DEFAULT"), ("toast_full", "FULL")):
+        pg_db.execute(
+            f"""
+            CREATE TABLE {table} (id int PRIMARY KEY, big text);
+            ALTER TABLE {table} ALTER COLUMN big SET STORAGE EXTERNAL;
+            ALTER TABLE {table} REPLICA IDENTITY {identity};
+            """
+        )
+    cdc = make_cdc(pg_db, tmp_path)
+    big = "".join(f"{i:05d}" for i in range(2000))
+    for table in ("toast_default", "toast_full"):
+        pg_db.execute(f"INSERT INTO {table} VALUES (1, '{big}')")
+        pg_db.execute(f"UPDATE {table} SET id = 10 WHERE id = 1")
+    cdc.sync()
+
+    events = cdc.assert_state("toast_full")
+    assert ops(events) == "cdc"
+    assert events[1]["key"] == {"id": 1} and events[1]["before"] == {"id": 1, "big": big}
+    assert events[2]["key"] == {"id": 10} and events[2]["after"] == {"id": 10, "big": big}
+    assert not events[2]["source"].get("unchanged_toast")
+
+    events = cdc.events("toast_default")
+    assert ops(events) == "cdc"
+    assert events[2]["after"] == {"id": 10, "big": UNAVAILABLE}
+    assert events[2]["source"]["unchanged_toast"] == ["big"]
+
+
 # --------------------------------------------------------------------------- 3. TRUNCATE
 
 
