@@ -449,6 +449,7 @@ def test_streamed_transactions(pg_db: PgDatabase, tmp_path: Path) -> None:
         cur.execute("SAVEPOINT b")
         cur.execute("INSERT INTO s SELECT g, 'in b', g FROM generate_series(5601, 5900) g")
         cur.execute("UPDATE s SET v = -1 WHERE id <= 500")
+        cur.execute("SELECT pg_logical_emit_message(true, 'sp', 'rolled back')")
         cur.execute("ROLLBACK TO SAVEPOINT b")
         cur.execute("INSERT INTO s SELECT g, 'in a after b', g FROM generate_series(5901, 6000) g")
         cur.execute("RELEASE SAVEPOINT a")
@@ -456,6 +457,7 @@ def test_streamed_transactions(pg_db: PgDatabase, tmp_path: Path) -> None:
         cur.execute("DELETE FROM s WHERE id <= 100")
         cur.execute("ROLLBACK TO SAVEPOINT c")
         cur.execute("UPDATE s SET v = 0 WHERE id BETWEEN 5001 AND 5010")
+        cur.execute("SELECT pg_logical_emit_message(true, 'sp', 'kept')")
     with pg_db.connect() as one, pg_db.connect() as two, one.cursor() as c1, two.cursor() as c2:
         c1.execute("BEGIN")
         c2.execute("BEGIN")
@@ -476,6 +478,9 @@ def test_streamed_transactions(pg_db: PgDatabase, tmp_path: Path) -> None:
     assert {e["after"]["tag"] for e in txns[1]} == {"outer", "in a", "in a after b"}
     assert all(e["after"]["id"] >= 20_000 for e in txns[2])  # two committed first
     assert ops(txns[3]) == "c" * 1000 + "u" * 1000
+    (message,) = checked_events(cdc.out, "_messages")
+    assert base64.b64decode(message["message"]["content"]) == b"kept"
+    assert position(message) == (txns[1][0]["source"]["commit_lsn"], 710)
     assert_streamed(pg_db, 3)
 
 
