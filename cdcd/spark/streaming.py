@@ -48,12 +48,13 @@ def state_versions(spark: SparkSession, dst: str) -> list[tuple[int, str]]:
     fs, root = _fs(spark, dst)
     if not fs.exists(root):
         return []
+    jvm = spark.sparkContext._jvm
     versions = []
     for status in fs.listStatus(root):
         name = status.getPath().getName()
         if status.isDirectory() and name.startswith(VERSION_PREFIX) and name[1:].isdigit():
             path = status.getPath()
-            if fs.exists(path.suffix("/_SUCCESS")):
+            if fs.exists(jvm.org.apache.hadoop.fs.Path(path, "_SUCCESS")):
                 versions.append((int(name[1:]), path.toString()))
     return sorted(versions)
 
