@@ -31,7 +31,6 @@ import contextlib
 import gc
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -477,11 +476,14 @@ class Pipeline:
         sinks = self.sinks
         stats = self.stats
         while True:
-            try:
-                txn = await asyncio.wait_for(queue.get(), timeout=0.1)
-            except TimeoutError:
-                await self._maybe_flush(idle=True)
-                continue
+            if queue.empty():  # wait_for costs a task per call: only when there is nothing
+                try:
+                    txn = await asyncio.wait_for(queue.get(), timeout=0.1)
+                except TimeoutError:
+                    await self._maybe_flush(idle=True)
+                    continue
+            else:
+                txn = queue.get_nowait()
             if txn is None:
                 return
             self._writer_busy = True
@@ -519,12 +521,10 @@ class Pipeline:
     def _count(self, events: list[Any]) -> None:
         """Per table and op counters (logical messages count under ``_messages``)."""
         events_by = self.stats.events_by
-        # Count by (schema, table, op) first: a batch is mostly one table, so the names are
-        # formatted once per batch rather than once per event.
-        counts = Counter((event.schema, event.table, event.op) for event in events)
-        for (schema, name, op), n in counts.items():
-            key = ("_messages" if name is None else f"{schema}.{name}", op)
-            events_by[key] = events_by.get(key, 0) + n
+        for event in events:
+            table = "_messages" if event.table is None else f"{event.schema}.{event.table}"
+            key = (table, event.op)
+            events_by[key] = events_by.get(key, 0) + 1
 
     async def _maybe_flush(self, *, idle: bool) -> None:
         now = time.monotonic()
