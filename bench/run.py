@@ -438,7 +438,9 @@ def cdcd_result(setup: Setup, contender: str, work: Path, m: Measured) -> Result
     latency = work / "latency.jsonl"
     if latency.exists():
         extra |= latency_summary(latency, setup.end_lsn)
-    return Result(contender, stats["events"], m, extra)
+    # Live runs (W4) go on past the end LSN, to the sentinel row: not a row of the workload.
+    sentinel = stats.get("events_by_table", {}).get("public.bench_sentinel", 0)
+    return Result(contender, stats["events"] - sentinel, m, extra)
 
 
 def run_cdcd(setup: Setup, slot: str, contender: str) -> Result:
