@@ -139,7 +139,7 @@ def events_from_kafka_records(
 
     ``schema`` is the event schema (the JSON Lines files' schema, e.g. from
     :func:`event_schema`, or a DDL string); a ``key`` field in it is the schema of the record
-    key. Without it, both schemas are inferred from the values and keys (batch only).
+    key. Without it, the schema is inferred from the values and keys (batch only, one pass).
     The topic, partition and offset are kept as ``kafka_topic``, ``kafka_partition``,
     ``kafka_offset``."""
     values = records.where(F.col("value").isNotNull()).select(
@@ -152,12 +152,7 @@ def events_from_kafka_records(
     if schema is None:
         if records.isStreaming:
             raise ValueError("a streaming Kafka read needs an explicit event schema")
-        schema = spark.read.json(values.select("value")).schema
-        key_type = spark.read.json(values.select("key").where(F.col("key").isNotNull())).schema
-        if key_type.fields:
-            schema = StructType(
-                [*(f for f in schema.fields if f.name != "key"), StructField("key", key_type)]
-            )
+        schema = _infer_event_schema(spark, values)
     elif isinstance(schema, str):
         schema = StructType.fromDDL(schema)
     value_schema = StructType([f for f in schema.fields if f.name != "key"])
@@ -177,3 +172,22 @@ def events_from_kafka_records(
     return parsed.select(
         "event.*", key.alias("key"), "kafka_topic", "kafka_partition", "kafka_offset"
     )
+
+
+def _infer_event_schema(spark: SparkSession, values: DataFrame) -> StructType:
+    """The event schema of JSON ``value``s with their JSON ``key``s, in one pass: each record
+    is read as the JSON Lines event it stands for (the value's fields plus ``key``)."""
+    documents = values.select(
+        F.concat(
+            F.lit('{"key":'),
+            F.coalesce(F.col("key"), F.lit("null")),
+            F.lit(',"value":'),
+            F.col("value"),
+            F.lit("}"),
+        ).alias("document")
+    )
+    inferred = spark.read.json(documents).schema
+    value_type = inferred["value"].dataType
+    assert isinstance(value_type, StructType)
+    fields = [f for f in value_type.fields if f.name != "key"]
+    return StructType([*fields, inferred["key"]])

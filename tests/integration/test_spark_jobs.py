@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ class Workload:
     db: PgDatabase
     dir: Path
     kafka_cfg: Path
+    schemas: dict[str, Any] = field(default_factory=dict)
 
     @property
     def jsonl(self) -> Path:
@@ -73,6 +74,12 @@ class Workload:
     @property
     def parquet(self) -> Path:
         return self.dir / "out-parquet"
+
+    def schema(self, spark: Any, table: str) -> Any:
+        """The JSON Lines event schema of ``table`` (inferred once: each inference is a job)."""
+        if table not in self.schemas:
+            self.schemas[table] = event_schema(spark, str(self.jsonl), table)
+        return self.schemas[table]
 
     def source_rows(self, table: str) -> list[dict[str, Any]]:
         """The source table's rows as dicts (column order as in the table)."""
@@ -196,6 +203,7 @@ def test_workload_has_the_interesting_events(workload: Workload) -> None:
 @pytest.mark.parametrize("table", list(TABLES))
 def test_latest_state_from_jsonl(spark: Any, workload: Workload, table: str) -> None:
     events = events_from_files(spark, str(workload.jsonl), table, "jsonl")
+    workload.schemas.setdefault(table, events.schema)
     assert_same_state(latest_state(events), workload, table)
 
 
@@ -220,23 +228,24 @@ def test_hidden_names_are_not_read(spark: Any, workload: Workload, tmp_path: Pat
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_duplicates_are_dropped(spark: Any, workload: Workload, tmp_path: Path, fmt: str) -> None:
-    """At-least-once delivery: a copy of a published file under another name (and the whole
-    orders folder a second time) changes nothing."""
+    """At-least-once delivery: a copy of a published file under another name (and, for
+    orders, every file a second time) changes nothing. Parquet: orders only (time)."""
     out = workload.jsonl if fmt == "jsonl" else workload.parquet
     suffix = f".{fmt}"
-    for table in TABLES:
+    tables = TABLES if fmt == "jsonl" else {"public.orders": TABLES["public.orders"]}
+    for table, keys in tables.items():
         shutil.copytree(out / table, tmp_path / table)
         files = data_files(out / table, suffix)
         shutil.copy(files[len(files) // 2], tmp_path / table / f"FFFFFFFFFFFFFFFF-00000000{suffix}")
         if table == "public.orders":
             for path in files:
                 shutil.copy(path, tmp_path / table / f"{path.stem}-again{suffix}")
-    for table, keys in TABLES.items():
-        events = events_from_files(spark, str(tmp_path), table, fmt)
-        original = events_from_files(spark, str(out), table, fmt)
-        assert events.count() > original.count()
-        assert deduplicate(events).count() == original.count()
+        events = events_from_files(spark, str(tmp_path), table, fmt).cache()
+        published = len(read_events(workload.jsonl, table))  # both sinks hold the same events
+        assert events.count() > published
+        assert deduplicate(events).count() == published
         assert_same_state(latest_state(events, keys), workload, table)
+        events.unpersist()
 
 
 def test_apply_changes_in_batches_is_idempotent(spark: Any, workload: Workload) -> None:
@@ -244,7 +253,7 @@ def test_apply_changes_in_batches_is_idempotent(spark: Any, workload: Workload) 
     batch's last file), then the whole stream again, gives the source table. Tombstones stay
     in the state, hidden; the truncate of ``items`` falls inside a later batch."""
     for table, keys in TABLES.items():
-        schema = event_schema(spark, str(workload.jsonl), table)
+        schema = workload.schema(spark, table)
         files = [str(p) for p in data_files(workload.jsonl / table)]
         step = max(1, len(files) // 2)
         state = None
@@ -269,7 +278,7 @@ def test_streaming_available_now(spark: Any, workload: Workload, tmp_path: Path)
     files = data_files(workload.jsonl / table)
     half = len(files) // 2
     assert half >= 2, f"{table}: too few files ({len(files)}) for several micro-batches"
-    schema = event_schema(spark, str(workload.jsonl), table)
+    schema = workload.schema(spark, table)
 
     def run_stream() -> None:
         query = stream_files_to_parquet(
@@ -325,8 +334,10 @@ async def test_kafka_records(spark: Any, workload: Workload, kafka_broker: Kafka
         events = events_from_kafka_records(spark, frame)
         assert events.count() == len(file_events) + 3
         assert_same_state(latest_state(events, keys), workload, table)
+        if table != "public.orders":
+            continue
         # with the schema of the files (as a streaming read would need)
-        schema = event_schema(spark, str(workload.jsonl), table)
+        schema = workload.schema(spark, table)
         typed = events_from_kafka_records(spark, frame, schema=schema)
         assert_same_state(latest_state(typed), workload, table)
 
