@@ -612,11 +612,14 @@ class Pipeline:
         durable = min((sink.durable_lsn() for sink in self.sinks), default=0)
         ceiling = self._assembler.confirm_ceiling()
         position = durable if ceiling is None else min(durable, ceiling)
+        # Compared with what the reader queued, not only with what the writer finished: a
+        # transaction the writer has taken from the queue but not yet marked busy, or one the
+        # reader holds while waiting for room in the queue, is in neither place.
         nothing_in_flight = (
             self._assembler.idle
             and self._queue.empty()
             and not self._writer_busy
-            and durable >= self._handed_end_lsn
+            and durable >= max(self._handed_end_lsn, self._queued_end_lsn)
         )
         if nothing_in_flight:
             position = max(position, min(self._keepalive_lsn, self._received.value))

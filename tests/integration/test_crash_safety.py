@@ -472,27 +472,31 @@ def assert_exactly_once(db: PgDatabase, out: Path, workload: Workload) -> None:
         assert rebuilt == source_rows(db, table), f"public.{table} rebuilt from the files differs"
 
 
+_truth: dict[str, dict[int, tuple[int, int]]] = {}
+
+
 def truth(db: PgDatabase) -> dict[int, tuple[int, int]]:
-    """From the test_decoding slot: xid -> (end LSN of its commit, number of changes); empty
-    when the installation has no test_decoding."""
+    """From the test_decoding slot: xid -> (end LSN of its commit, number of changes) of every
+    transaction committed so far; empty when the installation has no test_decoding. The slot is
+    consumed; what it returned before is remembered (per database)."""
+    known = _truth.setdefault(db.name, {})
     if not db.fetchval(
         f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{TRUTH_SLOT}'"
     ):
-        return {}
+        return known
     changes: Counter[int] = Counter()
-    ends: dict[int, int] = {}
     rows = db.fetch(
-        f"SELECT lsn::text, xid::text::bigint, data FROM pg_logical_slot_peek_changes("
+        f"SELECT lsn::text, xid::text::bigint, data FROM pg_logical_slot_get_changes("
         f"'{TRUTH_SLOT}', NULL, NULL)"
     )
     for lsn, xid, data in rows:
         if data.startswith(("BEGIN", "message: transactional: 0")) or not xid:
             continue  # a non-transactional message is not part of the transaction around it
         if data.startswith("COMMIT"):
-            ends[xid] = parse_lsn(lsn)
+            known[xid] = (parse_lsn(lsn), changes.pop(xid, 0))
         else:
             changes[xid] += 1
-    return {xid: (end, changes[xid]) for xid, end in ends.items()}
+    return known
 
 
 def explain_difference(db: PgDatabase, events: list[dict[str, Any]], kinds: dict[int, str]) -> str:
@@ -511,7 +515,9 @@ def explain_difference(db: PgDatabase, events: list[dict[str, Any]], kinds: dict
     return f"slot (confirmed, restart) {slot}; {len(wrong)} transactions differ: {wrong[:20]}"
 
 
-def assert_nothing_confirmed_is_missing(db: PgDatabase, out: Path) -> int:
+def assert_nothing_confirmed_is_missing(
+    db: PgDatabase, out: Path, workload: Workload | None = None
+) -> int:
     """Every transaction that ends at or before the slot's confirmed_flush_lsn is complete in the
     files (confirmed means durable). Returns the confirmed LSN."""
     confirmed = parse_lsn(
@@ -525,7 +531,8 @@ def assert_nothing_confirmed_is_missing(db: PgDatabase, out: Path) -> int:
         if end <= confirmed and n:
             assert have[xid] == n, (
                 f"confirmed_flush_lsn {confirmed:X} covers transaction {xid} (ends {end:X}, "
-                f"{n} changes) but the files hold {have[xid]} of its events"
+                f"{n} changes) but the files hold {have[xid]} of its events; "
+                f"it was {workload.kinds.get(xid) if workload else '?'}"
             )
     return confirmed
 
@@ -596,11 +603,20 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> N
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(0.2)
 
 
 def published(out: Path) -> int:
-    return sum(1 for _ in all_events(out)) if out.is_dir() else 0
+    """How many events the files hold (lines counted, not parsed: this is polled)."""
+    if not out.is_dir():
+        return 0
+    return sum(
+        path.read_bytes().count(b"\n")
+        for folder in out.iterdir()
+        if folder.is_dir()
+        for path in folder.iterdir()
+        if _DATA_NAME.fullmatch(path.name)
+    )
 
 
 def wait_for_progress(out: Path, daemon: Daemon, timeout: float = 60) -> None:
@@ -690,9 +706,9 @@ def test_connections_cut_by_proxy(
                 assert proxy.cut() >= 1
                 if round_ == 3:
                     proxy.refuse(3)
-                confirmed.append(assert_nothing_confirmed_is_missing(pg_db, out))
+                confirmed.append(assert_nothing_confirmed_is_missing(pg_db, out, workload))
                 wait_for_progress(out, daemon)
-                confirmed.append(assert_nothing_confirmed_is_missing(pg_db, out))
+                confirmed.append(assert_nothing_confirmed_is_missing(pg_db, out, workload))
         finally:
             workload.finish()
         assert daemon.terminate() == 0
@@ -717,7 +733,7 @@ def test_sigterm_drains_and_exits_zero(
             daemon.start()
             wait_for_progress(out, daemon)
             assert daemon.terminate(grace=30) == 0, daemon.log()[-8000:]
-            assert_nothing_confirmed_is_missing(pg_db, out)
+            assert_nothing_confirmed_is_missing(pg_db, out, workload)
     finally:
         workload.finish()
     assert daemon.log().count("stopping: draining sinks") == 3
@@ -745,3 +761,30 @@ def test_nontransactional_message_position_is_unique(pg_db: PgDatabase, tmp_path
     events = list(all_events(tmp_path / "out"))
     assert sorted(e["op"] for e in events) == ["c", "m"]
     assert_no_duplicates(events)
+
+
+def test_idle_slot_confirms_the_keepalive_position(
+    pg_db: PgDatabase, tmp_path: Path, daemons: Callable[[Path, Path], Daemon]
+) -> None:
+    """CONTRACT §6: with nothing in flight the slot follows the server's WAL, even when the
+    WAL holds nothing to publish (here: DDL only)."""
+    prepare_database(pg_db)
+    cfg = make_config(tmp_path, pg_db.dsn)
+    daemon = daemons(cfg, tmp_path / "cdcd.log")
+    daemon.start()
+    pg_db.execute("INSERT INTO acct VALUES (1, 1, 'a')")
+    wait_for(lambda: published(tmp_path / "out") == 1, "the insert to be published")
+    pg_db.execute("CREATE TABLE unpublished_ddl (); DROP TABLE unpublished_ddl")
+    target = parse_lsn(pg_db.fetchval("SELECT pg_current_wal_lsn()::text"))
+
+    def confirmed() -> int:
+        daemon.assert_running()
+        return parse_lsn(
+            pg_db.fetchval(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+                f"WHERE slot_name = '{SLOT}'"
+            )
+        )
+
+    wait_for(lambda: confirmed() >= target, "the slot to confirm past the DDL-only WAL")
+    assert daemon.terminate() == 0
