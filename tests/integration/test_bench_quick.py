@@ -7,7 +7,6 @@ positive number of rows. No timing assertion: this only proves the harness works
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -15,18 +14,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from bench.run import ALL_CONTENDERS
 from tests.pgharness import find_installations
 
 REPO = Path(__file__).resolve().parents[2]
 PEER = REPO.parent / "shared" / "bench" / "peer_psycopg2.py"
-
-
-def _contenders() -> set[str]:
-    spec = importlib.util.spec_from_file_location("bench_run", REPO / "bench" / "run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return set(module.ALL_CONTENDERS)
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.pg, pytest.mark.kafka]
@@ -64,7 +56,7 @@ def test_bench_quick(tmp_path: Path) -> None:
         f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     )
     results = orjson.loads(out.read_bytes())
-    contenders = _contenders()
+    contenders = set(ALL_CONTENDERS)
     for workload in ("W1", "W2"):
         rows = {r["contender"]: r for r in results if r["workload"] == workload}
         assert set(rows) == contenders, f"{workload}: contenders {sorted(rows)}"
