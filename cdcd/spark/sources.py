@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -50,8 +50,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-FileFormat = Literal["jsonl", "parquet"]
-FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet")
+FORMATS = ("jsonl", "parquet")
 
 #: The columns of Spark's Kafka source (with ``includeHeaders``).
 KAFKA_RECORD_SCHEMA = StructType(
@@ -80,10 +79,10 @@ def table_folder(path: str, table: str) -> str:
     return f"{path.rstrip('/')}/{table}"
 
 
-def _check_format(fmt: str) -> FileFormat:
+def _check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    return fmt  # type: ignore[return-value]
+    return fmt
 
 
 def events_from_files(
@@ -152,11 +151,14 @@ def events_from_kafka_records(
     if schema is None:
         if records.isStreaming:
             raise ValueError("a streaming Kafka read needs an explicit event schema")
-        schema = _infer_event_schema(spark, values)
-    elif isinstance(schema, str):
-        schema = StructType.fromDDL(schema)
-    value_schema = StructType([f for f in schema.fields if f.name != "key"])
-    key_field = next((f for f in schema.fields if f.name == "key"), None)
+        event_type = _infer_event_schema(spark, values)
+    else:
+        parsed_type = StructType.fromDDL(schema) if isinstance(schema, str) else schema
+        if not isinstance(parsed_type, StructType):
+            raise ValueError(f"the event schema must be a struct, got {parsed_type}")
+        event_type = parsed_type
+    value_schema = StructType([f for f in event_type.fields if f.name != "key"])
+    key_field = next((f for f in event_type.fields if f.name == "key"), None)
     parsed = values.select(
         F.from_json("value", value_schema).alias("event"),
         "key",

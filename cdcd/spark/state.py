@@ -36,10 +36,12 @@ whole value, as a multiset. Every insert adds its ``after`` row, every delete re
 which the server sends complete). The state is the rows with a positive count, repeated
 count times. Limits: identical rows cannot be told apart (which of two equal rows an update
 touched does not matter to the result); rows whose values cannot be grouped (maps) are not
-supported; there are no tombstones, so :func:`apply_changes` on a keyless table skips events
-at or before the newest position of its state, which is right only when batches arrive in
-position order (a table folder read in name order, one Kafka partition) and the state is not
-empty; a count going negative (a delete of a row never seen) is dropped silently.
+supported; a count going negative (a delete of a row never seen) is dropped silently. In
+place of tombstones the state of a keyless table holds one hidden *watermark* row (all columns
+null, ``_cdc_deleted`` true) at the newest position applied so far, and :func:`apply_changes`
+skips events at or before the newest position in the state: right when batches arrive in
+position order (a table folder read in name order, one Kafka partition), possibly with
+replays of earlier events, not when older events come after newer ones for the first time.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ def apply_changes(
     rows = events.where(F.col("op").isin(*ROW_OPS))
     if keys:
         return _apply_keyed(state, rows, truncate, keys, types)
-    return _apply_keyless(state, rows, truncate, types)
+    truncate_positions = events.where(F.col("op") == "t").select(COMMIT_LSN, SEQ)
+    return _apply_keyless(state, rows, truncate, truncate_positions, types)
 
 
 # ------------------------------------------------------------------------------ keyed tables
@@ -186,10 +189,7 @@ def _apply_keyed(
         F.lead(COMMIT_LSN).over(by_key).isNull().alias("_cdc_last"),
     )
     newest = filled.where("_cdc_last").crossJoin(F.broadcast(truncate))
-    cut = F.col(_TRUNC_LSN).isNotNull() & (
-        (F.col(COMMIT_LSN) < F.col(_TRUNC_LSN))
-        | ((F.col(COMMIT_LSN) == F.col(_TRUNC_LSN)) & (F.col(SEQ) < F.col(_TRUNC_SEQ)))
-    )
+    cut = F.col(_TRUNC_LSN).isNotNull() & _later(_TRUNC_LSN, _TRUNC_SEQ, COMMIT_LSN, SEQ)
     deleted = cut | (F.col(_OP) == "d")
     return newest.select(
         *(F.col(k) for k in keys),
@@ -204,7 +204,11 @@ def _apply_keyed(
 
 
 def _apply_keyless(
-    state: DataFrame | None, rows: DataFrame, truncate: DataFrame, types: dict[str, DataType]
+    state: DataFrame | None,
+    rows: DataFrame,
+    truncate: DataFrame,
+    truncate_positions: DataFrame,
+    types: dict[str, DataType],
 ) -> DataFrame:
     columns = list(types)
     row_type = _row_type(rows)
@@ -236,24 +240,20 @@ def _apply_keyless(
     changes = rows.select(COMMIT_LSN, SEQ, F.explode(present).alias("e")).select(
         COMMIT_LSN, SEQ, F.col("e")[_SIGN].alias(_SIGN), F.col("e.row").alias("row")
     )
+    newest = rows.select(COMMIT_LSN, SEQ).unionByName(truncate_positions)
     if state is not None:
-        live = state.where(~F.col(DELETED))
-        high = live.agg(
-            F.max(
-                F.struct(
-                    F.col(COMMIT_LSN).cast("long").alias("l"), F.col(SEQ).cast("long").alias("s")
-                )
-            ).alias("h")
+        seen = state.select(F.col(COMMIT_LSN).cast("long"), F.col(SEQ).cast("long"))
+        high = seen.agg(F.max(F.struct(COMMIT_LSN, SEQ)).alias("h")).select(
+            F.col("h")[COMMIT_LSN].alias("_cdc_h_lsn"), F.col("h")[SEQ].alias("_cdc_h_seq")
         )
         changes = (
             changes.crossJoin(F.broadcast(high))
             .where(
-                F.col("h").isNull()
-                | (F.col(COMMIT_LSN) > F.col("h.l"))
-                | ((F.col(COMMIT_LSN) == F.col("h.l")) & (F.col(SEQ) > F.col("h.s")))
+                F.col("_cdc_h_lsn").isNull() | _later(COMMIT_LSN, SEQ, "_cdc_h_lsn", "_cdc_h_seq")
             )
-            .drop("h")
+            .drop("_cdc_h_lsn", "_cdc_h_seq")
         )
+        live = state.where(~F.col(DELETED))
         changes = changes.unionByName(
             live.select(
                 F.col(COMMIT_LSN).cast("long"),
@@ -262,15 +262,14 @@ def _apply_keyless(
                 F.struct(*(_state_value(live, c, types[c]) for c in columns)).alias("row"),
             )
         )
+        newest = newest.unionByName(seen)
     kept = changes.crossJoin(F.broadcast(truncate)).where(
-        F.col(_TRUNC_LSN).isNull()
-        | (F.col(COMMIT_LSN) > F.col(_TRUNC_LSN))
-        | ((F.col(COMMIT_LSN) == F.col(_TRUNC_LSN)) & (F.col(SEQ) > F.col(_TRUNC_SEQ)))
+        F.col(_TRUNC_LSN).isNull() | _later(COMMIT_LSN, SEQ, _TRUNC_LSN, _TRUNC_SEQ)
     )
     counted = kept.groupBy("row").agg(
         F.sum(_SIGN).alias("n"), F.max(F.struct(F.col(COMMIT_LSN), F.col(SEQ))).alias("p")
     )
-    return (
+    rows_now = (
         counted.where(F.col("n") > 0)
         .select(
             "row.*",
@@ -280,6 +279,22 @@ def _apply_keyless(
             F.explode(F.array_repeat(F.lit(0), F.col("n").cast("int"))).alias("_cdc_copy"),
         )
         .drop("_cdc_copy")
+    )
+    # The watermark: a hidden row at the newest position applied so far (replays stop there).
+    mark = newest.agg(F.max(F.struct(COMMIT_LSN, SEQ)).alias("p")).where(F.col("p").isNotNull())
+    watermark = mark.select(
+        *(F.lit(None).cast(types[c]).alias(c) for c in columns),
+        F.col("p")[COMMIT_LSN].alias(COMMIT_LSN),
+        F.col("p")[SEQ].alias(SEQ),
+        F.lit(True).alias(DELETED),
+    )
+    return rows_now.unionByName(watermark)
+
+
+def _later(lsn: str, seq: str, ref_lsn: str, ref_seq: str) -> Column:
+    """Position ``(lsn, seq)`` is after ``(ref_lsn, ref_seq)`` (column names)."""
+    return (F.col(lsn) > F.col(ref_lsn)) | (
+        (F.col(lsn) == F.col(ref_lsn)) & (F.col(seq) > F.col(ref_seq))
     )
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructType
 
 from cdcd.spark.sources import event_schema, table_folder
@@ -35,11 +35,17 @@ VERSION_PREFIX = "v"
 KEEP_VERSIONS = 2
 
 
+def _hadoop_path(spark: SparkSession, *parts: Any) -> Any:
+    """``org.apache.hadoop.fs.Path(*parts)`` (classic PySpark: the JVM is reachable)."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the versioned Parquet state needs classic PySpark (a local JVM)")
+    return jvm.org.apache.hadoop.fs.Path(*parts)
+
+
 def _fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
     """The Hadoop FileSystem of ``path`` and the Path (works for any Hadoop URI, not only local)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    hpath = jvm.org.apache.hadoop.fs.Path(path)
+    hpath = _hadoop_path(spark, path)
     return hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), hpath
 
 
@@ -48,13 +54,12 @@ def state_versions(spark: SparkSession, dst: str) -> list[tuple[int, str]]:
     fs, root = _fs(spark, dst)
     if not fs.exists(root):
         return []
-    jvm = spark.sparkContext._jvm
     versions = []
     for status in fs.listStatus(root):
         name = status.getPath().getName()
         if status.isDirectory() and name.startswith(VERSION_PREFIX) and name[1:].isdigit():
             path = status.getPath()
-            if fs.exists(jvm.org.apache.hadoop.fs.Path(path, "_SUCCESS")):
+            if fs.exists(_hadoop_path(spark, path, "_SUCCESS")):
                 versions.append((int(name[1:]), path.toString()))
     return sorted(versions)
 
@@ -83,7 +88,7 @@ def apply_batch(
     apply_changes(state, batch, key_columns).write.mode("overwrite").parquet(target)
     fs, _ = _fs(spark, dst)
     for _, path in state_versions(spark, dst)[:-KEEP_VERSIONS]:
-        fs.delete(spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path), True)
+        fs.delete(_hadoop_path(spark, path), True)
 
 
 def stream_files_to_parquet(
