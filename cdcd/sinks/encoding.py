@@ -405,6 +405,17 @@ class ChangeEvent:
         return before if which == "before" else after
 
     def unchanged_toast(self) -> list[str]:
+        """Columns of the new row whose value PostgreSQL did not send (and no old image had).
+
+        The same in both representations: taken from whichever is built, and without
+        converting any value when the row has no unchanged-TOAST column (Parquet asks for
+        this on every event)."""
+        rows = self._json_rows or self._native_rows
+        if rows is not None:
+            return rows[2]
+        new = self._after_tup
+        if new is None or self._rel is None or KIND_UNCHANGED_TOAST not in new.kinds:
+            return []
         return self._rows(False)[2]
 
     # --- key and value ---------------------------------------------------------------------
