@@ -17,8 +17,10 @@ figures are stable on a busy machine and comparable across commits.
 from __future__ import annotations
 
 import argparse
+import shutil
 import struct
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,7 +58,7 @@ def capture(path: Path, rows: int, workload: str) -> None:
         print(f"{len(frames)} messages, {path.stat().st_size / 2**20:.1f} MiB -> {path}")
 
 
-def run(path: Path, sink: str) -> None:
+def run(path: Path, sink: str, memory_limit: int) -> None:
     import gc
 
     gc.set_threshold(50_000, 20, 100)  # as cdcd.app.run
@@ -72,7 +74,8 @@ def run(path: Path, sink: str) -> None:
     session = Session(user="u", database="d")
     session._state = State.COPY_BOTH  # as after START_REPLICATION
     decoder = PgOutputDecoder(1)
-    assembler = Assembler()
+    spill = Path(tempfile.mkdtemp(prefix="cdcd-micro-spill-"))
+    assembler = Assembler(memory_limit=memory_limit, spill_dir=spill)
     encoder = Encoder(SinkContext("bench", "bench", Path()), StaticCatalog())
     encode = sink == "encode"
     events = 0
@@ -96,10 +99,11 @@ def run(path: Path, sink: str) -> None:
                         ev.record_json()
             txn.release()
     cpu = time.process_time() - t0
+    shutil.rmtree(spill, ignore_errors=True)
     wall = time.perf_counter() - w0
     print(
         f"{events} events, cpu {cpu:.2f}s ({events / cpu:,.0f} rows/s, {cpu / events * 1e6:.2f} "
-        f"us/row), wall {wall:.2f}s, sink={sink}"
+        f"us/row), wall {wall:.2f}s, sink={sink}, spilled {assembler.total_spilled_bytes} bytes"
     )
 
 
@@ -113,11 +117,14 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("file", type=Path)
     r.add_argument("--sink", choices=("null", "encode"), default="null")
+    r.add_argument(
+        "--memory-limit", type=int, default=256 << 20, help="buffer.memory_limit (bytes)"
+    )
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.file, args.rows, args.workload)
     else:
-        run(args.file, args.sink)
+        run(args.file, args.sink, args.memory_limit)
 
 
 if __name__ == "__main__":
