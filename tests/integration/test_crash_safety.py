@@ -548,13 +548,24 @@ class Daemon:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._streamed_before = 0
 
     def start(self) -> None:
+        self._streamed_before = self.log().count('"event":"streaming"') if self.starts else 0
         self.proc = start_cdcd("run", "--config", str(self.cfg), log_path=self.log_path)
         self.starts += 1
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def wait_streaming(self) -> None:
+        """Wait until the current run has started streaming (its log says so)."""
+
+        def streaming() -> bool:
+            self.assert_running()
+            return self.log().count('"event":"streaming"') > self._streamed_before
+
+        wait_for(streaming, "cdcd to start streaming")
 
     def assert_running(self) -> None:
         assert self.proc is not None
@@ -643,8 +654,10 @@ def test_sigkill_loop_loses_and_doubles_nothing(
     daemon = daemons(cfg, tmp_path / "cdcd.log")
     workload.start()
     try:
-        for _ in range(22):
+        for kill in range(22):
             daemon.start()
+            if kill % 2:  # every other kill lands while it streams, not while it starts up
+                daemon.wait_streaming()
             time.sleep(rng.uniform(0.2, 1.5))
             daemon.assert_running()
             daemon.kill()
