@@ -116,8 +116,8 @@ class TcpProxy:
     async def _refuse(self, seconds: float | None) -> None:
         server, self._server = self._server, None
         if server is not None:
-            server.close()
-            await server.wait_closed()
+            server.close()  # the listening socket closes now (wait_closed would, on 3.12+,
+            # also wait for the open connections, which stay)
         if seconds is not None:
             self._reopen = self._loop.call_later(
                 seconds, lambda: self._loop.create_task(self._listen())
