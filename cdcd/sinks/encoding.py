@@ -107,6 +107,7 @@ class _RelInfo:
         "_json",
         "_native",
         "_schema_info",
+        "_source_prefix",
         "catalog",
         "key_idx",
         "key_names",
@@ -129,6 +130,7 @@ class _RelInfo:
         self._json: RowDecoder | None = None
         self._native: RowDecoder | None = None
         self._schema_info: dict[str, Any] | None = None
+        self._source_prefix: tuple[SinkContext, bytes] | None = None
 
     def decoder(self, native: bool) -> RowDecoder:
         if native:
@@ -138,6 +140,22 @@ class _RelInfo:
         if self._json is None:
             self._json = RowDecoder(self.relation, self.catalog.types, "json")
         return self._json
+
+    def source_prefix(self, context: SinkContext) -> bytes:
+        """``{"version":...,"connector":...,"name":...,"db":...,"schema":...,"table":...``: the
+        start of every source block of this table (no closing brace), as orjson writes it."""
+        cached = self._source_prefix
+        if cached is None or cached[0] is not context:
+            fields = {
+                "version": __version__,
+                "connector": "postgresql",
+                "name": context.name,
+                "db": context.database,
+                "schema": self.schema,
+                "table": self.table,
+            }
+            cached = self._source_prefix = (context, orjson.dumps(fields)[:-1])
+        return cached[1]
 
     def schema_info(self) -> dict[str, Any]:
         if self._schema_info is None:
@@ -241,9 +259,22 @@ class _TxnInfo:
         cache_key = (id(rel), snapshot)
         head = self._heads.get(cache_key)
         if head is None:
-            base = self.source_base(rel, snapshot)
-            fixed = {k: base[k] for k in list(base)[: list(base).index("lsn")]}
-            head = orjson.dumps(fixed)[:-1] + b","
+            # The fields up to "table" are the same for every transaction: serialised once per
+            # table (see _RelInfo.source_prefix); the rest is formatted here.
+            prefix = rel.source_prefix(self.context) if rel is not None else None
+            if prefix is None:
+                base = self.source_base(rel, snapshot)
+                fixed = {k: base[k] for k in list(base)[: list(base).index("lsn")]}
+                head = orjson.dumps(fixed)[:-1] + b","
+            else:
+                txid = b"null" if self.xid is None else b"%d" % self.xid
+                head = b'%s,"ts_ms":%d,"ts_us":%d,"snapshot":%s,"txId":%s,' % (
+                    prefix,
+                    self.ts_ms,
+                    self.ts_us,
+                    orjson.dumps(snapshot),
+                    txid,
+                )
             self._heads[cache_key] = head
         return head
 
