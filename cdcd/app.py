@@ -10,7 +10,9 @@ Progress tracking (the reason this module exists):
 
 * The LSN confirmed to the server (``flush`` in the standby status update) is the minimum over
   all sinks of the end LSN of the newest transaction they hold durably, capped by the
-  assembler's ``confirm_ceiling()`` (never past an unresolved prepared transaction). It only
+  assembler's ``confirm_ceiling()`` (never past an unresolved prepared transaction), and, for a
+  prepared transaction already committed, by that same ceiling until the sinks hold it durably:
+  once the confirmed position passes a PREPARE the server never resends its changes. It only
   moves forward (``cdcd.lsn.Progress``).
 * When nothing is in flight — the assembler is idle, the queue is empty and every sink has made
   everything it was handed durable — the server's keepalive position may be confirmed as well,
@@ -157,6 +159,9 @@ class Pipeline:
         # non-transactional message's LSN is the end of its record, which is also the commit
         # LSN of a transaction whose commit record follows it directly (e.g. COMMIT PREPARED).
         self._queued_end_lsn = 0
+        # (ceiling before its Commit Prepared, end LSN) of committed prepared transactions not
+        # yet durable: the confirmed position stays below the ceiling until they are.
+        self._prepared_caps: list[tuple[int, int]] = []
         self._handed_end_lsn = 0
         self._writer_busy = False
         self._keepalive_lsn = 0
@@ -430,6 +435,7 @@ class Pipeline:
                     msg = decoder.decode(data, lsn)
                     if type(msg) is ev.Relation:
                         await catalog.on_relation(msg)
+                    cap = assembler.confirm_ceiling() if type(msg) is ev.CommitPrepared else None
                     try:
                         txn = assembler.feed(msg, lsn)
                     except OSError as exc:
@@ -447,6 +453,8 @@ class Pipeline:
                         txn.release()  # resent after a reconnect; the sinks already have it
                         continue
                     self._queued_end_lsn = txn.end_lsn
+                    if cap is not None:
+                        self._prepared_caps.append((cap, txn.end_lsn))
                     await self._queue.put(txn)
                 else:  # PrimaryKeepalive
                     self._keepalive_lsn = max(self._keepalive_lsn, item.wal_end)
@@ -623,6 +631,11 @@ class Pipeline:
         )
         if nothing_in_flight:
             position = max(position, min(self._keepalive_lsn, self._received.value))
+        caps = self._prepared_caps
+        if caps:  # committed prepared transactions not durable yet: stay before their PREPARE
+            caps[:] = [cap for cap in caps if cap[1] > durable]
+            if caps:
+                position = min(position, *(cap[0] for cap in caps))
         return position
 
     async def _acknowledge(self, *, final: bool = False) -> None:

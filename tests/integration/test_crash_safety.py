@@ -801,3 +801,30 @@ def test_idle_slot_confirms_the_keepalive_position(
 
     wait_for(lambda: confirmed() >= target, "the slot to confirm past the DDL-only WAL")
     assert daemon.terminate() == 0
+
+
+def test_kill_after_commit_prepared_before_it_is_durable(
+    pg_db: PgDatabase, tmp_path: Path, daemons: Callable[[Path, Path], Daemon]
+) -> None:
+    """A prepared transaction committed while cdcd runs, killed before its events are durable:
+    the confirmed position must still be before its PREPARE, or the server never resends it
+    (it sends only Commit Prepared for a PREPARE behind the confirmed position)."""
+    prepare_database(pg_db)
+    cfg = make_config(tmp_path, pg_db.dsn)
+    text = yaml.safe_load(cfg.read_text())
+    text["sinks"][0]["flush_interval"] = 3  # T stays unpublished well after the acker's rounds
+    cfg.write_text(yaml.safe_dump(text))
+    out = tmp_path / "out"
+    daemon = daemons(cfg, tmp_path / "cdcd.log")
+    daemon.start()
+    daemon.wait_streaming()
+    with pg_db.connect() as conn, conn.cursor() as cur:
+        cur.execute("BEGIN; INSERT INTO note VALUES (1, 'prepared', 'T'); PREPARE TRANSACTION 't'")
+    pg_db.execute("INSERT INTO acct VALUES (1, 1, 'after the prepare')")
+    wait_for(lambda: published(out) == 1, "the later transaction to be published")
+    pg_db.execute("COMMIT PREPARED 't'")
+    time.sleep(1)  # the acker confirms every 0.2 s; the file sink publishes after 3 s
+    daemon.assert_running()
+    daemon.kill()
+    finish_to_endpos(pg_db, cfg)
+    assert sorted(folder_of(e) for e in all_events(out)) == ["public.acct", "public.note"]
