@@ -64,6 +64,14 @@ from cdcd.sinks.registry import load_sink_class
 
 log = structlog.get_logger("cdcd.app")
 
+_TWO_PHASE_EVENTS = (
+    ev.BeginPrepare,
+    ev.Prepare,
+    ev.StreamPrepare,
+    ev.CommitPrepared,
+    ev.RollbackPrepared,
+)
+
 #: server_version_num thresholds for pgoutput protocol versions (PITFALLS: 14 -> 2, 15 -> 3, 16+ -> 4)
 _PROTO_BY_VERSION = ((160000, 4), (150000, 3), (140000, 2), (0, 1))
 
@@ -435,6 +443,7 @@ class Pipeline:
                     msg = decoder.decode(data, lsn)
                     if type(msg) is ev.Relation:
                         await catalog.on_relation(msg)
+                    unknown = assembler.unknown_gid_resolutions
                     cap = assembler.confirm_ceiling() if type(msg) is ev.CommitPrepared else None
                     try:
                         txn = assembler.feed(msg, lsn)
@@ -443,6 +452,8 @@ class Pipeline:
                             f"buffer.spill_dir {self.config.buffer.spill_dir}: {exc.strerror or exc} "
                             "(free disk space or raise buffer.memory_limit)"
                         ) from exc
+                    if type(msg) in _TWO_PHASE_EVENTS:
+                        self._log_two_phase(msg, lsn, assembler.unknown_gid_resolutions > unknown)
                     if txn is None:
                         continue
                     if endpos is not None and txn.commit_lsn > endpos:
@@ -472,6 +483,24 @@ class Pipeline:
                         return
             if self._stop.is_set():
                 return
+
+    def _log_two_phase(self, msg: Any, lsn: int, unknown: bool) -> None:
+        """Debug trace of prepared transactions; a warning for a Commit Prepared whose GID was
+        not held (its changes are not delivered: right for an empty prepared transaction, data
+        loss if the confirmed position had passed its PREPARE)."""
+        if unknown and type(msg) is ev.CommitPrepared:
+            log.warning(
+                "commit prepared for a transaction not held; no changes delivered",
+                gid=msg.gid,
+                xid=msg.xid,
+                commit_lsn=format_lsn(msg.commit_lsn),
+                end_lsn=format_lsn(msg.end_lsn),
+                confirmed=format_lsn(self._confirmed.value),
+            )
+        else:
+            log.debug(
+                type(msg).__name__, gid=msg.gid, xid=msg.xid, lsn=format_lsn(lsn), unknown=unknown
+            )
 
     def _reach_endpos(self) -> None:
         log.info("endpos reached", endpos=format_lsn(self.endpos or 0))
@@ -636,6 +665,16 @@ class Pipeline:
             caps[:] = [cap for cap in caps if cap[1] > durable]
             if caps:
                 position = min(position, *(cap[0] for cap in caps))
+        if position > self._confirmed.value:
+            log.debug(
+                "confirming",
+                position=format_lsn(position),
+                durable=format_lsn(durable),
+                ceiling=None if ceiling is None else format_lsn(ceiling),
+                keepalive=format_lsn(self._keepalive_lsn),
+                received=format_lsn(self._received.value),
+                idle=nothing_in_flight,
+            )
         return position
 
     async def _acknowledge(self, *, final: bool = False) -> None:

@@ -102,6 +102,7 @@ def make_config(
     )
     cfg = yaml.safe_load(path.read_text())
     cfg["shutdown"] = {"grace_period": 20}
+    cfg["log"] = {"format": "json", "level": "debug"}  # confirmations, prepared transactions
     path.write_text(yaml.safe_dump(cfg))
     run_cdcd("slot", "create", "--config", str(path))
     return path
