@@ -13,7 +13,11 @@ Progress tracking (the reason this module exists):
   assembler's ``confirm_ceiling()`` (never past an unresolved prepared transaction), and, for a
   prepared transaction already committed, by that same ceiling until the sinks hold it durably:
   once the confirmed position passes a PREPARE the server never resends its changes. It only
-  moves forward (``cdcd.lsn.Progress``).
+  moves forward (``cdcd.lsn.Progress``). One released past ``--endpos`` is never handed to the
+  sinks, so its cap stays until the process ends.
+* Only what the current replication session has streamed past may be confirmed: after a
+  reconnect the assembler has forgotten the prepared transactions it held (the server sends them
+  again), while the sinks may be durable past their PREPAREs and the last keepalive further still.
 * When nothing is in flight — the assembler is idle, the queue is empty and every sink has made
   everything it was handed durable — the server's keepalive position may be confirmed as well,
   so an idle slot does not hold WAL forever (PITFALLS, "Positions and acknowledgement").
@@ -173,6 +177,8 @@ class Pipeline:
         self._handed_end_lsn = 0
         self._writer_busy = False
         self._keepalive_lsn = 0
+        # The highest position the current replication session has streamed past (see above).
+        self._session_lsn = 0
         self._client: ReplicationClient | None = None
         self._catalog: LiveCatalog | None = None
         self._catalog_conn: Any = None
@@ -417,6 +423,7 @@ class Pipeline:
         opts = stream_options(self.config.source, client.server_version)
         decoder = PgOutputDecoder(opts.proto_version)
         assembler = self._assembler
+        self._session_lsn = 0  # together with the reset (no await in between)
         assembler.reset()
         catalog = self._catalog
         client.set_positions(written=self._confirmed.value, flushed=self._confirmed.value)
@@ -434,12 +441,18 @@ class Pipeline:
         endpos = self.endpos
         stats = self.stats
         async for batch in client.message_batches():
+            # The server sends a message only after every transaction prepared or committed
+            # before its position. The session position moves once the whole batch is fed (while
+            # the reader waits for room in the queue the acker sees a lower, safe value).
+            streamed = self._session_lsn
             for item in batch:
                 if type(item) is tuple:
                     lsn, wal_end, _, data = item
                     stats.received_messages += 1
                     stats.received_bytes += len(data)
                     self._received.advance(wal_end)
+                    if wal_end > streamed:
+                        streamed = wal_end
                     msg = decoder.decode(data, lsn)
                     if type(msg) is ev.Relation:
                         await catalog.on_relation(msg)
@@ -457,7 +470,10 @@ class Pipeline:
                     if txn is None:
                         continue
                     if endpos is not None and txn.commit_lsn > endpos:
+                        if cap is not None:  # never handed to the sinks: never durable
+                            self._prepared_caps.append((cap, txn.end_lsn))
                         txn.release()
+                        self._session_lsn = streamed
                         self._reach_endpos()
                         return
                     if txn.end_lsn <= self._queued_end_lsn:
@@ -471,6 +487,8 @@ class Pipeline:
                     self._keepalive_lsn = max(self._keepalive_lsn, item.wal_end)
                     stats.server_wal_end = max(stats.server_wal_end, item.wal_end)
                     self._received.advance(item.wal_end)
+                    if item.wal_end > streamed:
+                        streamed = item.wal_end
                     # Unresolved prepared and uncommitted streamed transactions may remain: their
                     # commit comes after the server's position, so after endpos; the confirmed
                     # LSN stays before them (confirm_ceiling), so the next run receives them again.
@@ -479,18 +497,21 @@ class Pipeline:
                         and item.wal_end >= endpos
                         and not assembler.in_transaction
                     ):
+                        self._session_lsn = streamed
                         self._reach_endpos()
                         return
+            self._session_lsn = streamed
             if self._stop.is_set():
                 return
 
     def _log_two_phase(self, msg: Any, lsn: int, unknown: bool) -> None:
-        """Debug trace of prepared transactions; a warning for a Commit Prepared whose GID was
-        not held (its changes are not delivered: right for an empty prepared transaction, data
-        loss if the confirmed position had passed its PREPARE)."""
+        """Debug trace of prepared transactions. A Commit Prepared whose GID was not held
+        delivers nothing: right for an empty prepared transaction, and after a restart for one
+        made durable before the confirmed position passed its PREPARE; otherwise it was lost.
+        Logged at info: it happens in normal operation, and it is the trace of a loss."""
         if unknown and type(msg) is ev.CommitPrepared:
-            log.warning(
-                "commit prepared for a transaction not held; no changes delivered",
+            log.info(
+                "commit prepared for a transaction not held: nothing to deliver",
                 gid=msg.gid,
                 xid=msg.xid,
                 commit_lsn=format_lsn(msg.commit_lsn),
@@ -665,6 +686,7 @@ class Pipeline:
             caps[:] = [cap for cap in caps if cap[1] > durable]
             if caps:
                 position = min(position, *(cap[0] for cap in caps))
+        position = min(position, self._session_lsn)
         if position > self._confirmed.value:
             log.debug(
                 "confirming",
