@@ -641,6 +641,11 @@ class ReplicationClient:
                     f"the server at {self.params.describe()} ended the replication stream "
                     "(shutting down?); will reconnect"
                 )
+            elif isinstance(event, wire.CommandComplete):  # a walsender's shutdown (WalSndDone)
+                raise TransientSourceError(
+                    f"the server at {self.params.describe()} ended the replication stream "
+                    f"({event.tag}; shutting down?); will reconnect"
+                )
             elif isinstance(event, wire.NoticeResponse):
                 _log_notice(event.fields)
                 if self.on_notice is not None:

@@ -212,8 +212,9 @@ _ALLOWED: dict[State, bytes] = {
     State.SETTING_UP: b"SKZEN",
     State.READY: b"SNE",
     State.QUERY: b"TDCIEWZSN",
-    State.COPY_BOTH: b"dcENS",
-    State.COPY_CLIENT_DONE: b"dcENS",
+    # A walsender that shuts down ends the stream with CommandComplete and no CopyDone.
+    State.COPY_BOTH: b"dcCENS",
+    State.COPY_CLIENT_DONE: b"dcCENS",
     State.COPY_SERVER_DONE: b"ENS",
     State.FAILED: b"EN",
     State.CLOSED: b"",
@@ -452,6 +453,8 @@ class Session:
         if tag == b"D":
             return DataRow(self._data_row(payload))
         if tag == b"C":
+            if self._state in (State.COPY_BOTH, State.COPY_CLIENT_DONE, State.COPY_SERVER_DONE):
+                self._state = State.QUERY  # the server ended the COPY; ReadyForQuery may follow
             return CommandComplete(_cstr(payload, 0)[0])
         if tag == b"I":
             return EmptyQueryResponse()
