@@ -438,6 +438,8 @@ def cdcd_result(setup: Setup, contender: str, work: Path, m: Measured) -> Result
     latency = work / "latency.jsonl"
     if latency.exists():
         extra |= latency_summary(latency, setup.end_lsn)
+        if setup.profile is not None:  # kept next to the stacks, to see latency over time
+            shutil.copy(latency, setup.profile / f"{setup.workload.name}-{contender}-latency.jsonl")
     # Live runs (W4) go on past the end LSN, to the sentinel row: not a row of the workload.
     sentinel = stats.get("events_by_table", {}).get("public.bench_sentinel", 0)
     return Result(contender, stats["events"] - sentinel, m, extra)
@@ -625,10 +627,17 @@ def run_live(setup: Setup, contenders: list[str]) -> list[Result]:
                 cwd=REPO,
             )
             stack.callback(_kill_quietly, proc)
+            if setup.profile is not None:  # attach: cdcd must get the SIGTERM itself
+                stack.callback(_stop_profiler, _attach_profiler(setup, contender, proc.pid))
             procs.append((contender, slot, work, proc, t0, out, err))
         wait_streaming(setup.db, [p[1] for p in procs])
+        t_load = time.perf_counter()
         setup.expected_rows = setup.workload.load(setup.db, setup.scale)
         setup.end_lsn = finish_load(setup.db)
+        log(
+            f"  {setup.workload.name}: load {setup.expected_rows} rows in "
+            f"{time.perf_counter() - t_load:.1f}s"
+        )
         end = parse_lsn(setup.end_lsn)
         results = []
         for contender, slot, work, proc, t0, out, err in procs:
@@ -638,6 +647,22 @@ def run_live(setup: Setup, contenders: list[str]) -> list[Result]:
             results.append(cdcd_result(setup, contender, work, m))
             log(f"    {contender}: {summary_line(results[-1])}")
         return results
+
+
+def _attach_profiler(setup: Setup, contender: str, pid: int) -> subprocess.Popen[bytes]:
+    """py-spy sampling a running process (all its threads) until it exits."""
+    assert setup.profile is not None
+    setup.profile.mkdir(parents=True, exist_ok=True)
+    raw = setup.profile / f"{setup.workload.name}-{contender}.txt"
+    cmd = ["py-spy", "record", "--format", "raw", "-r", "250", "-o", str(raw), "--pid", str(pid)]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop_profiler(profiler: subprocess.Popen[bytes]) -> None:
+    """py-spy writes its output once the profiled process exited: give it time to."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        profiler.wait(30)
+    _kill_quietly(profiler)
 
 
 def _kill_quietly(proc: subprocess.Popen[bytes]) -> None:
