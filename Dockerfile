@@ -18,13 +18,18 @@
 #   check, slot status, quickstart.
 #
 # The install steps are the ones scripts/setup runs for the README and CI (a venv, then
-# `python -m pip install -q --upgrade pip` and `python -m pip install -q .`), except that the
-# image installs the project non-editable; tests/unit/test_dockerfile.py holds them equal.
+# `python -m pip install -q --upgrade pip`, `python -m pip install -q .`, then mypy and
+# `python -m cdcd.accel build`, which compiles the decoder's innermost loop with mypyc), except
+# that the image installs the project non-editable and drops mypy once the build is done;
+# tests/unit/test_dockerfile.py holds them equal.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# -- build: a virtualenv with cdcd and its dependencies (wheels only, no compiler needed) ----
+# -- build: a virtualenv with cdcd, its dependencies and its mypyc-compiled modules ----------
 FROM ${PYTHON_IMAGE} AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/cdcd/venv \
@@ -34,6 +39,10 @@ RUN python -m venv /opt/cdcd/venv
 COPY pyproject.toml README.md ./
 COPY cdcd ./cdcd
 RUN python -m pip install -q --upgrade pip && python -m pip install -q .
+# compiled in the installed package (run from / so that /src/cdcd is not the one imported)
+RUN python -m pip install -q 'mypy>=1.10' \
+ && cd / && python -m cdcd.accel build && python -m cdcd.accel status \
+ && python -m pip uninstall -q -y mypy mypy_extensions
 
 # -- runtime: the virtualenv on a clean base, as an unprivileged user ------------------------
 FROM ${PYTHON_IMAGE} AS runtime

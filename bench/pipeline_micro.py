@@ -58,7 +58,7 @@ def capture(path: Path, rows: int, workload: str) -> None:
         print(f"{len(frames)} messages, {path.stat().st_size / 2**20:.1f} MiB -> {path}")
 
 
-def run(path: Path, sink: str, memory_limit: int) -> None:
+def run(path: Path, sink: str, memory_limit: int, raw: bool = True) -> None:
     import gc
 
     gc.set_threshold(50_000, 20, 100)  # as cdcd.app.run
@@ -86,10 +86,11 @@ def run(path: Path, sink: str, memory_limit: int) -> None:
         session.receive_data(stream[start : start + 65536])
         for payload in session.copy_data_run():
             _, lsn, _, _ = header(payload)
-            msg = decoder.decode(payload[25:], lsn)
+            data = payload[25:]
+            msg = decoder.decode(data, lsn)
             if type(msg) is Relation:
                 pass  # the daemon's live catalog looks the key up here
-            txn = assembler.feed(msg, lsn)
+            txn = assembler.feed(msg, lsn, data if raw else None)
             if txn is None:
                 continue
             for batch in encoder.batches(txn):
@@ -120,11 +121,14 @@ def main() -> None:
     r.add_argument(
         "--memory-limit", type=int, default=256 << 20, help="buffer.memory_limit (bytes)"
     )
+    r.add_argument(
+        "--no-raw", action="store_true", help="feed the assembler without the message bytes"
+    )
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.file, args.rows, args.workload)
     else:
-        run(args.file, args.sink, args.memory_limit)
+        run(args.file, args.sink, args.memory_limit, not args.no_raw)
 
 
 if __name__ == "__main__":

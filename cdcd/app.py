@@ -459,7 +459,7 @@ class Pipeline:
                     unknown = assembler.unknown_gid_resolutions
                     cap = assembler.confirm_ceiling() if type(msg) is ev.CommitPrepared else None
                     try:
-                        txn = assembler.feed(msg, lsn)
+                        txn = assembler.feed(msg, lsn, data)
                     except OSError as exc:
                         raise SpillError(
                             f"buffer.spill_dir {self.config.buffer.spill_dir}: {exc.strerror or exc} "

@@ -45,7 +45,9 @@ one whose first segment holds only catalog changes: ``ReorderBufferProcessTXN``)
 
 Memory: each buffered change is accounted as ``CHANGE_OVERHEAD`` bytes plus, per column of
 each row image, ``COLUMN_OVERHEAD`` bytes plus the raw value length (Message: its prefix and
-content). Measured with tracemalloc on CPython 3.11, a three-column insert record takes
+content). When :meth:`Assembler.feed` gets the message's bytes, the row images count as
+``COLUMN_OVERHEAD`` per column plus the message's length instead (an upper bound of the values'
+lengths, and cheaper to compute). Measured with tracemalloc on CPython 3.11, a three-column insert record takes
 about 400 bytes against an estimate of ~420. When the total accounted bytes pass
 ``memory_limit``, the largest in-memory transactions are moved to spill files until the total
 is at or below the limit again; every later change of a spilled transaction is appended to
@@ -271,13 +273,23 @@ class Assembler:
 
     # --- feeding ----------------------------------------------------------------------------
 
-    def feed(self, msg: PgOutputMessage, lsn: int) -> Transaction | None:
-        """Take one message (``lsn``: its XLogData ``wal_start``); return what it releases."""
+    def feed(
+        self, msg: PgOutputMessage, lsn: int, data: bytes | None = None
+    ) -> Transaction | None:
+        """Take one message (``lsn``: its XLogData ``wal_start``); return what it releases.
+
+        ``data``: the pgoutput bytes ``msg`` was decoded from, when the caller has them. A
+        spilled transaction then stores an Insert, Update or Delete as those bytes, and its
+        memory is accounted from their length (see the module docstring).
+        """
         match msg:
             case Insert() | Update() | Delete():
                 buf = self._target(msg, lsn)
                 rel = self._relation(buf, msg.relation_oid, lsn)
-                self._append(buf, ChangeRecord(lsn, msg, (rel,)), msg.xid)
+                if data is None:
+                    self._append(buf, ChangeRecord(lsn, msg, (rel,)), msg.xid)
+                else:
+                    self._append_change(buf, lsn, msg, rel, data)
             case Truncate():
                 buf = self._target(msg, lsn)
                 rels = tuple(self._relation(buf, oid, lsn) for oid in msg.relation_oids)
@@ -501,6 +513,30 @@ class Assembler:
             return
         buf.records.append(record)
         size = change_size(record.change)
+        buf.mem_bytes += size
+        self._buffered += size
+        if self._buffered > self._memory_limit and self._spill_dir is not None:
+            self._spill_until_under(self._spill_dir)
+
+    def _append_change(
+        self, buf: _Buffer, lsn: int, change: Insert | Update | Delete, rel: Relation, data: bytes
+    ) -> None:
+        """_append for a change with its pgoutput bytes (the hot path of :meth:`feed`)."""
+        if buf.kind == "stream":
+            self._note_subxact(buf, change.xid)
+            buf.seq += 1
+        buf.count += 1
+        if buf.spill is not None:
+            buf.spill.append_raw(lsn, data, change.xid, (rel,))
+            return
+        buf.records.append(ChangeRecord(lsn, change, (rel,)))
+        if isinstance(change, Insert):
+            ncols = len(change.new.values)
+        elif isinstance(change, Delete):
+            ncols = len(change.old.values)
+        else:
+            ncols = len(change.new.values) + (0 if change.old is None else len(change.old.values))
+        size = CHANGE_OVERHEAD + COLUMN_OVERHEAD * ncols + len(data)
         buf.mem_bytes += size
         self._buffered += size
         if self._buffered > self._memory_limit and self._spill_dir is not None:

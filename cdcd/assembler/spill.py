@@ -19,6 +19,9 @@ Invariants:
   ``stream_abort_internal``).
 - Relations are not written: each file keeps the few Relation objects its records refer to in
   a small in-memory table, and records carry an index into it.
+- A change appended with the bytes it was decoded from (:meth:`SpillFile.append_raw`) is
+  stored as those bytes (tag R): no encoding on the way in, the decoder's own fast path on
+  the way out. Changes moved from memory are encoded field by field (tags I U D T M).
 - Writes are buffered (``buffer_size``, 1 MiB by default): memory held by a spilled
   transaction is at most that buffer plus the relation table.
 - I/O errors surface as :class:`OSError` (disk full, permission): the caller decides.
@@ -32,6 +35,8 @@ Record format (all integers little-endian)::
     tag D  = u32 relation oid | u8 old kind | tuple old
     tag T  = u8 options | u32 n | n * u32 oid
     tag M  = u8 transactional | u64 message lsn | u32 len | prefix utf-8 | u32 len | content
+    tag R  = the Insert, Update or Delete message exactly as pgoutput sent it (has_xid: it
+             came inside a stream block), decoded again when read back
     tuple  = u16 ncols | ncols bytes kinds | ncols * i32 length (-1: no value) | the values
 """
 
@@ -54,6 +59,7 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
+from cdcd.decoder.pgoutput import decode_change
 
 #: Spill files are named ``<SPILL_PREFIX><n><SPILL_SUFFIX>`` inside the spill directory.
 SPILL_PREFIX: Final = "cdcd-txn-"
@@ -73,6 +79,7 @@ _TAG_UPDATE: Final = ord("U")
 _TAG_DELETE: Final = ord("D")
 _TAG_TRUNCATE: Final = ord("T")
 _TAG_MESSAGE: Final = ord("M")
+_TAG_RAW: Final = ord("R")
 
 
 def remove_stale(spill_dir: Path) -> int:
@@ -114,6 +121,24 @@ class SpillFile:
         pending = self._pending
         pending += _U32.pack(len(body))
         pending += body
+        if len(pending) >= self._buffer_size:
+            self._flush()
+
+    def append_raw(
+        self, lsn: int, data: bytes, xid: int | None, relations: tuple[Relation, ...]
+    ) -> None:
+        """Append the Insert/Update/Delete decoded from ``data`` (an XLogData payload) at
+        ``lsn``; ``xid`` is the change's xid (not None: received inside a stream block)."""
+        rel_ids = self._relation_ids(relations)
+        head = _HEAD.pack(_TAG_RAW, lsn, xid is not None, xid or 0, len(rel_ids))
+        pending = self._pending
+        pending += _U32.pack(len(head) + 4 * len(rel_ids) + len(data))
+        pending += head
+        if len(rel_ids) == 1:
+            pending += _U32.pack(rel_ids[0])
+        else:
+            pending += struct.pack(f"<{len(rel_ids)}I", *rel_ids)
+        pending += data
         if len(pending) >= self._buffer_size:
             self._flush()
 
@@ -235,18 +260,27 @@ def _old_kind(kind: str | None) -> int:
 
 
 def _read(path: Path, rels: tuple[Relation, ...]) -> Iterator[ChangeRecord]:
-    with path.open("rb", buffering=DEFAULT_BUFFER_SIZE) as f:
-        read = f.read
-        unpack_len = _U32.unpack
+    """The records of ``path`` in order, reading ``DEFAULT_BUFFER_SIZE`` bytes at a time."""
+    unpack_len = _U32.unpack_from
+    with path.open("rb", buffering=0) as f:
+        chunk = b""
+        pos = 0
         while True:
-            head = read(4)
-            if not head:
+            more = f.read(max(DEFAULT_BUFFER_SIZE, 4))
+            if not more:
+                if pos != len(chunk):
+                    raise ValueError(f"spill file {path} is truncated")
                 return
-            (length,) = unpack_len(head)
-            body = read(length)
-            if len(body) != length:
-                raise ValueError(f"spill file {path} is truncated")
-            yield _decode(body, rels)
+            chunk = chunk[pos:] + more if pos < len(chunk) else more
+            pos = 0
+            end = len(chunk)
+            while pos + 4 <= end:
+                (length,) = unpack_len(chunk, pos)
+                stop = pos + 4 + length
+                if stop > end:
+                    break
+                yield _decode(chunk[pos + 4 : stop], rels)
+                pos = stop
 
 
 def _decode_tuple(body: bytes, pos: int) -> tuple[TupleData, int]:
@@ -269,11 +303,16 @@ def _decode_tuple(body: bytes, pos: int) -> tuple[TupleData, int]:
 def _decode(body: bytes, rels: tuple[Relation, ...]) -> ChangeRecord:
     tag, lsn, has_xid, raw_xid, nrel = _HEAD.unpack_from(body, 0)
     pos = _HEAD.size
-    relations = tuple(rels[i] for i in struct.unpack_from(f"<{nrel}I", body, pos))
+    if nrel == 1:
+        relations: tuple[Relation, ...] = (rels[_U32.unpack_from(body, pos)[0]],)
+    else:
+        relations = tuple(rels[i] for i in struct.unpack_from(f"<{nrel}I", body, pos))
     pos += 4 * nrel
     xid = raw_xid if has_xid else None
     change: Change
-    if tag == _TAG_INSERT:
+    if tag == _TAG_RAW:
+        change = decode_change(body[pos:], lsn, streamed=bool(has_xid))
+    elif tag == _TAG_INSERT:
         (oid,) = _U32.unpack_from(body, pos)
         new, pos = _decode_tuple(body, pos + 4)
         change = Insert(xid, oid, new)

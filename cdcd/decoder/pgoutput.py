@@ -65,6 +65,7 @@ from cdcd.decoder.events import (
     Type,
     Update,
 )
+from cdcd.decoder.tuples import BadKind, parse_tuple
 from cdcd.errors import RemoteProtocolError
 
 # Field layouts after the tag byte (network byte order). XLogRecPtr, TransactionId and Oid
@@ -128,35 +129,23 @@ def _string(buf: bytes, pos: int) -> tuple[str, int]:
 def _tuple(buf: bytes, pos: int) -> tuple[TupleData, int]:
     """A TupleData part at ``pos``; returns it and the position after it.
 
-    The hot loop of the decoder. Lengths are read unsigned, so ``pos`` only moves forward; a
-    length running past the end shows up as an IndexError or as ``pos > len(buf)`` after the
-    loop, and :func:`_tuple_error` then rescans to say which column was wrong.
+    The hot loop of the decoder, in :mod:`cdcd.decoder.tuples` (compiled when built). Lengths
+    are read unsigned, so ``pos`` only moves forward; a length running past the end shows up
+    as an IndexError or as ``pos > len(buf)`` afterwards, and :func:`_tuple_error` then rescans
+    to say which column was wrong.
     """
-    start_pos = pos
-    ncols = (buf[pos] << 8) | buf[pos + 1]
-    pos += 2
-    kinds = bytearray(ncols)
-    values: list[bytes | None] = [None] * ncols
-    unpack_len = _U32.unpack_from
     try:
-        for i in range(ncols):
-            kind = buf[pos]
-            if kind in _HAS_VALUE:
-                start = pos + 5
-                pos = start + unpack_len(buf, pos + 1)[0]
-                values[i] = buf[start:pos]
-            elif kind in _NO_VALUE:
-                pos += 1
-            else:
-                raise _Malformed(
-                    f"column {i + 1} of {ncols}: unknown TupleData kind {_tag_name(kind)!r}"
-                )
-            kinds[i] = kind
-    except (IndexError, struct.error):
-        raise _tuple_error(buf, start_pos) from None
-    if pos > len(buf):
-        raise _tuple_error(buf, start_pos)
-    return TupleData(bytes(kinds), tuple(values)), pos
+        kinds, values, end = parse_tuple(buf, pos)
+    except IndexError:
+        raise _tuple_error(buf, pos) from None
+    except BadKind as exc:
+        raise _Malformed(
+            f"column {exc.column + 1} of {exc.ncols}: unknown TupleData kind "
+            f"{_tag_name(exc.kind)!r}"
+        ) from None
+    if end > len(buf):
+        raise _tuple_error(buf, pos)
+    return TupleData(kinds, values), end
 
 
 def _tuple_error(buf: bytes, pos: int) -> _Truncated:
@@ -511,3 +500,23 @@ class PgOutputDecoder:
         return RollbackPrepared(
             flags, prepare_end, rollback_end, prepare_time, rollback_time, xid, gid
         )
+
+
+_REDECODERS: Final = (PgOutputDecoder(1), PgOutputDecoder(2))
+_REDECODERS[1]._in_stream = True  # inside a stream block: changes carry their xid
+
+
+def decode_change(data: bytes, lsn: int, *, streamed: bool) -> Insert | Update | Delete:
+    """Decode an Insert, Update or Delete message again, outside a session.
+
+    Spill files keep a change's pgoutput bytes as received (:mod:`cdcd.assembler.spill`);
+    ``streamed`` says whether it was received inside a stream block (with a leading xid).
+    """
+    msg = _REDECODERS[streamed].decode(data, lsn)
+    if type(msg) not in (Insert, Update, Delete):
+        raise RemoteProtocolError(
+            f"expected an Insert, Update or Delete, not {type(msg).__name__}",
+            tag=_tag_name(data[0]),
+            lsn=lsn,
+        )
+    return msg  # type: ignore[return-value]

@@ -162,7 +162,11 @@ def test_install_commands_are_the_setup_scripts(stages: list[Stage]) -> None:
     assert docker_pips == [
         "python -m pip install -q --upgrade pip",
         "python -m pip install -q .",
+        "python -m pip install -q 'mypy>=1.10'",
     ], docker_pips
+    # both compile the mypyc modules (cdcd/accel.py) after installing
+    assert "python -m cdcd.accel build" in setup
+    assert any("python -m cdcd.accel build" in run for run in stages[0].all("RUN"))
     # the same commands, with only the editable flag dropped (an image has no work tree)
     assert {cmd.replace(" -e ", " ") for cmd in setup_pips} >= set(docker_pips)
     # and like scripts/setup, it installs into a virtualenv made with `python -m venv`

@@ -630,3 +630,20 @@ def test_random_bytes_never_raise_anything_else(garbage: bytes, proto: int, in_b
         d.decode(garbage, LSN)
     except RemoteProtocolError as exc:
         assert exc.lsn == LSN
+
+
+def test_decode_change_decodes_a_change_again_and_refuses_anything_else() -> None:
+    """What spill files use to read back a change stored as its pgoutput bytes."""
+    from cdcd.decoder.pgoutput import decode_change
+
+    tup = struct.pack("!H", 1) + b"t" + struct.pack("!I", 1) + b"7"
+    plain = b"I" + struct.pack("!I", 16384) + b"N" + tup
+    streamed = b"I" + struct.pack("!II", 9, 16384) + b"N" + tup
+    assert decode_change(plain, 0x10, streamed=False) == Insert(
+        None, 16384, TupleData(b"t", (b"7",))
+    )
+    assert decode_change(streamed, 0x10, streamed=True) == Insert(
+        9, 16384, TupleData(b"t", (b"7",))
+    )
+    with pytest.raises(RemoteProtocolError, match="expected an Insert, Update or Delete"):
+        decode_change(b"B" + struct.pack("!QqI", 1, 2, 3), 0x10, streamed=False)

@@ -1,0 +1,130 @@
+"""Optional compiled fast paths: a few innermost-loop modules compiled with mypyc.
+
+:data:`COMPILED_MODULES` are plain, fully typed Python modules that import nothing from cdcd,
+so that each compiles on its own. ``python -m cdcd.accel build`` compiles them in place with
+mypyc (it needs mypy, a C compiler and the Python headers; ``scripts/setup`` and the
+Dockerfile run it); Python then imports the extension module instead of the ``.py`` file. When
+a module is not compiled the very same source runs as Python: the compiled form is only a
+speed-up, never a different behaviour, and the tests run both ways.
+
+``CDCD_PURE_PYTHON=1`` makes cdcd import the ``.py`` sources even where compiled modules
+exist (:func:`install_source_only_finder`, called from ``cdcd/__init__.py``).
+:func:`status` says which form each module has in this process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from cdcd._purepy import COMPILED_MODULES, install_source_only_finder, pure_python_requested
+
+__all__ = [
+    "COMPILED_MODULES",
+    "build",
+    "clean",
+    "install_source_only_finder",
+    "pure_python_requested",
+    "status",
+]
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def is_compiled(module: ModuleType) -> bool:
+    return not str(getattr(module, "__file__", "")).endswith(".py")
+
+
+def status() -> dict[str, bool]:
+    """Module name -> whether this process runs its compiled form."""
+    return {name: is_compiled(importlib.import_module(name)) for name in COMPILED_MODULES}
+
+
+def _module_path(name: str) -> Path:
+    parts = name.split(".")
+    assert parts[0] == "cdcd", name
+    return _PACKAGE_DIR.joinpath(*parts[1:]).with_suffix(".py")
+
+
+def build(names: Sequence[str] = COMPILED_MODULES) -> list[Path]:
+    """Compile ``names`` with mypyc next to their sources; return the extension files.
+
+    Each module is compiled alone in a scratch folder (so no shared runtime library lands in
+    site-packages) and its extension is copied beside the ``.py`` file. Raises
+    CalledProcessError when mypyc fails (no compiler, no headers).
+    """
+    import shutil
+    import subprocess
+    import tempfile
+
+    built: list[Path] = []
+    for name in names:
+        source = _module_path(name)
+        with tempfile.TemporaryDirectory(prefix="cdcd-mypyc-") as scratch:
+            root = Path(scratch)
+            target = root.joinpath(*name.split(".")).with_suffix(".py")
+            target.parent.mkdir(parents=True)
+            for parent in target.relative_to(root).parents:
+                if parent != Path("."):
+                    (root / parent / "__init__.py").touch()
+            shutil.copyfile(source, target)
+            subprocess.run(
+                [sys.executable, "-m", "mypyc", str(target.relative_to(root))],
+                cwd=root,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            for ext in target.parent.iterdir():
+                if ext.suffix in (".so", ".pyd") and ext.name.startswith(target.stem):
+                    dest = source.with_name(ext.name)
+                    shutil.copyfile(ext, dest)
+                    built.append(dest)
+    return built
+
+
+def clean(names: Sequence[str] = COMPILED_MODULES) -> list[Path]:
+    """Remove compiled extensions of ``names`` (back to pure Python)."""
+    removed = []
+    for name in names:
+        source = _module_path(name)
+        for ext in source.parent.iterdir():
+            if ext.suffix in (".so", ".pyd") and ext.name.startswith(source.stem):
+                ext.unlink()
+                removed.append(ext)
+    return removed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args else "status"
+    if command == "build":
+        import subprocess
+
+        try:
+            for path in build():
+                print(f"compiled {path}")
+        except (subprocess.CalledProcessError, OSError) as exc:
+            print(
+                f"cdcd.accel: could not compile {', '.join(COMPILED_MODULES)} with mypyc "
+                f"({exc}); cdcd runs them as pure Python (slower, same behaviour)",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    if command == "clean":
+        for path in clean():
+            print(f"removed {path}")
+        return 0
+    if command == "status":
+        for name, compiled in status().items():
+            print(f"{name}: {'compiled' if compiled else 'pure Python'}")
+        return 0
+    print("usage: python -m cdcd.accel [build|clean|status]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The innermost loop of the decoder: one pgoutput TupleData part to its kinds and raw values.
+
+Written to be compiled by mypyc (``python -m cdcd.accel build``) and to run unchanged as plain
+Python when it is not (see :mod:`cdcd.accel`); it imports nothing from cdcd so it compiles on
+its own. Format (PostgreSQL docs "Logical Replication Message Formats", TupleData)::
+
+    Int16 ncols, then per column: Byte1 kind ('n' null, 'u' unchanged TOAST,
+    't' text, 'b' binary), and for 't'/'b' Int32 length + that many bytes.
+
+Invariants: :func:`parse_tuple` never reads a byte twice and copies each value once (one
+``bytes`` slice). It does not describe errors, only detects them: a length running past the
+end raises IndexError (or returns a position past the end, which the caller checks), and an
+unknown kind raises :class:`BadKind`; :mod:`cdcd.decoder.pgoutput` then rescans the part to
+say which column was wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+_TEXT: Final = 116  # 't'
+_BINARY: Final = 98  # 'b'
+_NULL: Final = 110  # 'n'
+_UNCHANGED_TOAST: Final = 117  # 'u'
+
+
+class BadKind(Exception):
+    """An unknown kind byte: ``column`` (0-based) of ``ncols`` had ``kind``."""
+
+    def __init__(self, column: int, ncols: int, kind: int) -> None:
+        super().__init__(column, ncols, kind)
+        self.column = column
+        self.ncols = ncols
+        self.kind = kind
+
+
+def parse_tuple(buf: bytes, pos: int) -> tuple[bytes, tuple[bytes | None, ...], int]:
+    """The TupleData at ``pos``: (kind bytes, values, position after it).
+
+    The returned position may lie past ``len(buf)`` when the last length lied; the caller
+    must check it.
+    """
+    ncols: int = (buf[pos] << 8) | buf[pos + 1]
+    pos += 2
+    kinds = bytearray(ncols)
+    values: list[bytes | None] = [None] * ncols
+    for i in range(ncols):
+        kind: int = buf[pos]
+        if kind in (_TEXT, _BINARY):
+            start = pos + 5
+            # unsigned, so pos only moves forward: a huge length ends past the end
+            length: int = (
+                (buf[pos + 1] << 24) | (buf[pos + 2] << 16) | (buf[pos + 3] << 8) | buf[pos + 4]
+            )
+            pos = start + length
+            values[i] = buf[start:pos]
+        elif kind in (_NULL, _UNCHANGED_TOAST):
+            pos += 1
+        else:
+            raise BadKind(i, ncols, kind)
+        kinds[i] = kind
+    return bytes(kinds), tuple(values), pos
