@@ -58,11 +58,15 @@ from cdcd.decoder.events import Relation
 from cdcd.decoder.types import TypeInfo, TypeRegistry
 from cdcd.errors import DefiniteSinkError
 from cdcd.sinks.file import FileSinkConfig, Position, TableWriter
+from cdcd.sinks.parquet_columns import ColumnBuilder, as_text, has_none, lost
 
 if TYPE_CHECKING:
     from cdcd.sinks.encoding import ChangeEvent
 
 ROW_GROUP_ROWS = 65_536
+#: events kept before a column-wise conversion (bounds the Python objects a writer holds)
+CONVERT_ROWS = 16_384
+_ROW_BYTES_GUESS = 256
 MAX_DECIMAL_PRECISION = 38
 
 Fits = Callable[[Any], bool]
@@ -198,38 +202,15 @@ def _fits(t: pa.DataType) -> Fits | None:
     return None
 
 
-def _as_text(v: Any) -> Any:
-    """String columns: native values that are not str yet (e.g. unconstrained numeric)."""
-    if v is None or isinstance(v, str):
-        return v
-    if isinstance(v, Decimal):
-        return format(v, "f")  # plain digits as PostgreSQL prints them, never 1E-7
-    if isinstance(v, list | dict):
-        return orjson.dumps(v, default=str).decode()
-    return str(v)
-
-
 @dataclass(frozen=True, slots=True)
 class _Column:
     name: str
     type: pa.DataType
-    fits: Fits | None  # None: a string column, values go through _as_text
+    fits: Fits | None  # None: a string column, values go through as_text
     none_may_hide: bool  # the native converter yields None for unrepresentable values
-
-
-def _lost(native: Any, json_value: Any) -> bool:
-    """Did the native value drop something the JSON value has (None where JSON is not)?"""
-    if native is None:
-        return json_value is not None
-    if isinstance(native, list) and isinstance(json_value, list):
-        return len(native) != len(json_value) or any(
-            _lost(n, j) for n, j in zip(native, json_value, strict=False)
-        )
-    return False
-
-
-def _has_none(v: Any) -> bool:
-    return v is None or (isinstance(v, list) and any(_has_none(x) for x in v))
+    oid: int  # the column's type OID and typmod, as in the Relation message
+    typmod: int
+    resolved: int  # the OID behind domains (arrays: the element's)
 
 
 class RowLayout:
@@ -247,10 +228,14 @@ class RowLayout:
                 c.name,
                 t := column_type(registry, c.type_oid, c.typmod),
                 _fits(t),
-                _base_oid(registry, c.type_oid) in _NONE_WHEN_UNREPRESENTABLE,
+                (base := _base_oid(registry, c.type_oid)) in _NONE_WHEN_UNREPRESENTABLE,
+                c.type_oid,
+                c.typmod,
+                base,
             )
             for c in relation.columns
         )
+        self.registry = registry
         by_name = {c.name: c for c in self.columns}
         self.key_names = tuple(k for k in key_names or () if k in by_name)
         self.row_type = pa.struct([(c.name, c.type) for c in self.columns])
@@ -296,14 +281,14 @@ class RowLayout:
             v = native.get(col.name)
             bad = False
             if col.fits is None:
-                v = _as_text(v)
+                v = as_text(v)
             elif v is not None and not col.fits(v):
                 bad = True
-            if (bad or (col.none_may_hide and _has_none(v))) and col.name not in skip:
+            if (bad or (col.none_may_hide and has_none(v))) and col.name not in skip:
                 if json_row is None:
                     json_row = event.value()[which] or {}
                 j = json_row.get(col.name)
-                if bad or _lost(v, j):
+                if bad or lost(v, j):
                     sidecar.append((f"{which}.{col.name}", orjson.dumps(j).decode()))
                     v = None
             row[col.name] = v
@@ -348,7 +333,14 @@ class RowLayout:
 
 
 class ParquetTableWriter(TableWriter):
-    """One Parquet file of one table's events (the file sink's ``TableWriter``)."""
+    """One Parquet file of one table's events (the file sink's ``TableWriter``).
+
+    Events are kept as they come (a file sink calls ``write`` once per transaction or batch,
+    often with a handful of events) and converted column-wise (:class:`ColumnBuilder`) every
+    ``CONVERT_ROWS`` events and when the file is finished; the converted batches are written
+    as one row group every ``ROW_GROUP_ROWS`` rows. Nothing is durable before ``finish``
+    anyway: the file is published, and its events made durable, only after it.
+    """
 
     suffix: ClassVar[str] = ".parquet"
     roll_on_schema_change: ClassVar[bool] = True
@@ -358,9 +350,12 @@ class ParquetTableWriter(TableWriter):
         self._file = path.open("wb")
         self._writer: pq.ParquetWriter | None = None
         self._layout: RowLayout | None = None
+        self._builder: ColumnBuilder | None = None
+        self._events: list[ChangeEvent] = []
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
         self._pending_bytes = 0
+        self._row_bytes = _ROW_BYTES_GUESS  # Arrow bytes per row of the last converted batch
 
     @property
     def layout(self) -> RowLayout | None:
@@ -371,14 +366,24 @@ class ParquetTableWriter(TableWriter):
             return
         if self._layout is None:
             self._layout = RowLayout.for_event(events[0], self.relation)
+            self._builder = ColumnBuilder(self._layout, self._layout.registry)
             self._writer = pq.ParquetWriter(
                 self._file, self._layout.schema, compression=self.config.compression
             )
-        batch = self._layout.batch(events)
+        self._events.extend(events)
+        self.rows += len(events)
+        if len(self._events) >= CONVERT_ROWS:
+            self._convert()
+
+    def _convert(self) -> None:
+        events, self._events = self._events, []
+        if not events or self._builder is None:
+            return
+        batch = self._builder.batch(events)
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
         self._pending_bytes += batch.nbytes
-        self.rows += batch.num_rows
+        self._row_bytes = max(1, batch.nbytes // batch.num_rows)
         if self._pending_rows >= ROW_GROUP_ROWS:
             self._write_pending()
 
@@ -390,9 +395,10 @@ class ParquetTableWriter(TableWriter):
         self._pending_bytes = 0
 
     def size(self) -> int:
-        return self._file.tell() + self._pending_bytes
+        return self._file.tell() + self._pending_bytes + len(self._events) * self._row_bytes
 
     def finish(self) -> None:
+        self._convert()
         self._write_pending()
         if self._writer is not None:
             self._writer.close()
@@ -402,6 +408,7 @@ class ParquetTableWriter(TableWriter):
         self._file.close()
 
     def discard(self) -> None:
+        self._events = []
         try:
             if self._writer is not None:
                 self._writer.close()
