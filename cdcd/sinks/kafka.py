@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -60,11 +61,14 @@ from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.helpers import create_ssl_context
+from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from cdcd.errors import ConfigError, DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.lsn import format_lsn, pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.kafka_partition import partition_for
 from cdcd.units import ByteSize, Duration
 
 if TYPE_CHECKING:
@@ -131,22 +135,38 @@ class KafkaSinkConfig(BaseModel):
         return int(value) if isinstance(value, str) and value.isdigit() else value
 
 
+# A record as handed to a batch, kept for replays and error messages:
+# (key, value, headers, timestamp_ms, where); ``where`` is an event's
+# (commit_lsn, seq, lsn, suffix) or a marker's text, formatted only for an error message.
+_Where = tuple[int, int, int, str] | str
+_Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int, _Where]
+# What a record costs in memory beyond its key and value, for buffer_bytes: key and value are
+# counted twice (kept for a replay, and copied into the batch), plus Python's objects around them.
+_RECORD_OVERHEAD = 256
+_OP_BYTES = {op: op.encode() for op in "crudtm"}
+
+
+def _where_text(where: _Where) -> str:
+    if isinstance(where, str):
+        return where
+    commit_lsn, seq, lsn, suffix = where
+    return f"commit_lsn {format_lsn(commit_lsn)} seq {seq} (LSN {format_lsn(lsn)}){suffix}"
+
+
 @dataclass(slots=True, eq=False)
-class _Entry:
-    """One slot of the ordered window: a record to send, or (``end_lsn`` set) a transaction end."""
+class _Batch:
+    """Records for one topic-partition, sent to the broker as one record batch.
 
-    topic: str = ""
-    key: bytes | None = None
-    value: bytes | None = None
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
-    timestamp_ms: int | None = None
-    where: str = ""  # position for error messages
-    end_lsn: int | None = None
+    ``builder`` is aiokafka's :class:`BatchBuilder`; ``future`` is set once the batch is handed
+    to the producer (``send_batch``) and resolves when the broker acknowledged all of it."""
+
+    topic: str
+    partition: int
+    builder: BatchBuilder
+    records: list[_Record] = field(default_factory=list)
+    size: int = 0
     future: asyncio.Future[Any] | None = None
-
-    @property
-    def size(self) -> int:
-        return len(self.key or b"") + len(self.value or b"") + 64
+    error: SinkError | None = None  # handing it to the producer failed definitely
 
 
 class KafkaSink(Sink):
@@ -169,15 +189,24 @@ class KafkaSink(Sink):
             )
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
-        self._known_topics: set[str] = set()
-        self._window: deque[_Entry] = deque()
+        self._partitions: dict[str, list[int]] = {}  # known topics: their partitions, sorted
+        self._topics: dict[tuple[str | None, str | None], tuple[str, str]] = {}  # (topic, name)
+        self._window: deque[_Batch | int] = deque()  # batches and transaction end LSNs
         self._window_bytes = 0
         self._window_records = 0
-        self._changed = asyncio.Event()
-        self._send_lock = asyncio.Lock()
+        self._open: dict[tuple[str, int], _Batch] = {}  # batches still taking records
+        self._open_since = 0.0  # loop time the oldest open batch was started
+        self._ready: deque[_Batch] = deque()  # closed batches, to hand over in this order
+        self._flushing = 0  # flush() calls waiting: hand open batches over without lingering
+        self._changed = asyncio.Event()  # the window moved or failed
+        self._wake = asyncio.Event()  # work for the submitter
+        self._send_lock = asyncio.Lock()  # one of submitter / replay hands batches over
         self._failure: SinkError | None = None
+        self._submitter: asyncio.Task[None] | None = None
         self._replay_task: asyncio.Task[None] | None = None
         self._txn_counts: dict[str, int] = {}
+        self._txn_commit_lsn = -1  # the transaction whose header values are cached below
+        self._txn_header_values: tuple[bytes, bytes | None, int] = (b"", None, 0)
         self._stats = {"records_sent": 0, "records_acked": 0, "send_retries": 0, "replays": 0}
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -214,7 +243,7 @@ class KafkaSink(Sink):
             acks=c.acks,
             enable_idempotence=c.idempotence,
             compression_type=None if c.compression == "none" else c.compression,
-            linger_ms=c.linger_ms,
+            linger_ms=0,  # the sink lingers itself, before it hands a batch over
             max_batch_size=c.max_batch_size,
             max_request_size=c.max_request_size,
         )
@@ -250,14 +279,17 @@ class KafkaSink(Sink):
                 delay = min(delay * 2, 10.0)
                 continue
             self._producer, self._admin = producer, admin
+            self._submitter = asyncio.get_running_loop().create_task(self._submit_loop())
             log.info("kafka_connected", bootstrap=self._bootstrap(), prefix=self.prefix)
             return
 
     async def close(self) -> None:
-        if self._replay_task is not None:
-            self._replay_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._replay_task
+        for task in (self._replay_task, self._submitter):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._submitter = None
         producer, self._producer = self._producer, None
         admin, self._admin = self._admin, None
         if producer is not None:
@@ -277,35 +309,82 @@ class KafkaSink(Sink):
         self._raise_failure()
         self._txn_counts = {}
         if self._markers_for(txn):
-            await self._enqueue(self._marker(txn, "BEGIN"))
+            await self._add_marker(txn, "BEGIN")
 
     async def write(self, events: Sequence[ChangeEvent]) -> None:
+        self._raise_failure()
+        config = self.config
+        tombstones = config.tombstones
+        count = config.transaction_topic
+        counts = self._txn_counts
         for event in events:
-            for entry in self._records_for(event):
-                await self._enqueue(entry)
+            op = event.op
+            schema = event.schema
+            name = None
+            if op == "m" or schema is None:
+                topic = self.message_topic
+            else:
+                topic, name = self._topics.get((schema, event.table)) or self._topic_of(event)
+                if count:
+                    counts[name] = counts.get(name, 0) + 1
+            if topic not in self._partitions:
+                await self._prepare_topic(topic, (event.commit_lsn, event.seq, event.lsn, ""))
+            if event.commit_lsn != self._txn_commit_lsn:
+                self._cache_txn_headers(event)
+            commit_lsn_bytes, xid_bytes, ts = self._txn_header_values
+            op_bytes = _OP_BYTES.get(op) or op.encode()
+            seq_bytes = str(event.seq).encode()
+            headers = (
+                [("cdcd.commit_lsn", commit_lsn_bytes), ("cdcd.seq", seq_bytes)]
+                + ([("cdcd.xid", xid_bytes)] if xid_bytes is not None else [])
+                + [("cdcd.op", op_bytes)]
+            )
+            key = event.key_json()  # {"prefix": ...} for logical messages
+            where = (event.commit_lsn, event.seq, event.lsn, "")
+            self._add(topic, key, event.value_json(), headers, ts, where)
+            if op == "d" and key is not None and tombstones:
+                where = (event.commit_lsn, event.seq, event.lsn, " tombstone")
+                self._add(topic, key, None, headers, ts, where)
+            if (
+                self._window_records >= config.buffer_records
+                or self._window_bytes >= config.buffer_bytes
+            ):
+                await self._wait_for_room()
+        if self._ready:
+            await asyncio.sleep(0)  # let the submitter hand the closed batches over
 
     async def commit(self, txn: Transaction) -> None:
+        self._raise_failure()
         if self._markers_for(txn):
-            await self._enqueue(self._marker(txn, "END"))
-        await self._enqueue(_Entry(end_lsn=txn.end_lsn))
+            await self._add_marker(txn, "END")
+        self._window.append(txn.end_lsn)
+        self._pump()
 
     async def flush(self) -> None:
         """Wait until the broker acknowledged every record handed over. After a definite
         failure, first let what precedes the failing record become durable, then raise."""
-        while True:
-            if not self._window:
-                self._raise_failure()
-                return
-            if self._failure is not None and self._head_is_stuck():
-                raise self._failure
-            self._changed.clear()
-            await self._changed.wait()
+        self._flushing += 1
+        self._wake.set()
+        try:
+            while True:
+                if not self._window:
+                    self._raise_failure()
+                    return
+                if self._failure is not None and self._head_is_stuck():
+                    raise self._failure
+                self._changed.clear()
+                await self._changed.wait()
+        finally:
+            self._flushing -= 1
 
     def _head_is_stuck(self) -> bool:
         head = self._window[0]
-        if head.end_lsn is not None:
+        if isinstance(head, int):
             return False
-        return head.future is None or (head.future.done() and head.future.exception() is not None)
+        if head.error is not None:
+            return True
+        fut = head.future
+        return fut is not None and fut.done() and (fut.cancelled() or fut.exception() is not None)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -319,33 +398,25 @@ class KafkaSink(Sink):
     def topic_for(self, event: ChangeEvent) -> str:
         if event.op == "m" or event.schema is None:
             return self.message_topic
-        name = f"{event.schema}.{event.table}"
-        return self.config.routing.get(name) or f"{self.prefix}.{name}"
+        return self._topic_of(event)[0]
 
-    def _records_for(self, event: ChangeEvent) -> list[_Entry]:
-        topic = self.topic_for(event)
-        headers = [
-            ("cdcd.commit_lsn", str(event.commit_lsn).encode()),
-            ("cdcd.seq", str(event.seq).encode()),
-            ("cdcd.op", event.op.encode()),
-        ]
-        if event.xid is not None:
-            headers.insert(2, ("cdcd.xid", str(event.xid).encode()))
-        key = event.key_json()  # {"prefix": ...} for logical messages
-        if event.op != "m":
-            name = f"{event.schema}.{event.table}"
-            self._txn_counts[name] = self._txn_counts.get(name, 0) + 1
-        where = f"commit_lsn {format_lsn(event.commit_lsn)} seq {event.seq} (LSN {format_lsn(event.lsn)})"
+    def _topic_of(self, event: ChangeEvent) -> tuple[str, str]:
+        """(topic, "schema.table") of a table's event, remembered per table."""
+        name = f"{event.schema}.{event.table}"
+        topic = self.config.routing.get(name) or f"{self.prefix}.{name}"
+        self._topics[(event.schema, event.table)] = (topic, name)
+        return topic, name
+
+    def _cache_txn_headers(self, event: ChangeEvent) -> None:
+        self._txn_commit_lsn = event.commit_lsn
+        xid = None if event.xid is None else str(event.xid).encode()
         ts = pg_to_unix_us(event.commit_time) // 1000
-        entry = _Entry(topic, key, event.value_json(), headers, ts, where)
-        if event.op == "d" and key is not None and self.config.tombstones:
-            return [entry, _Entry(topic, key, None, headers, ts, where + " tombstone")]
-        return [entry]
+        self._txn_header_values = (str(event.commit_lsn).encode(), xid, ts)
 
     def _markers_for(self, txn: Transaction) -> bool:
         return self.config.transaction_topic and txn.kind != "message"
 
-    def _marker(self, txn: Transaction, status: str) -> _Entry:
+    async def _add_marker(self, txn: Transaction, status: str) -> None:
         txn_id = f"{txn.xid}:{txn.commit_lsn}"
         value: dict[str, Any] = {
             "status": status,
@@ -366,28 +437,68 @@ class KafkaSink(Sink):
             ("cdcd.commit_lsn", str(txn.commit_lsn).encode()),
             ("cdcd.xid", str(txn.xid).encode()),
         ]
-        return _Entry(
-            self.transaction_topic,
-            orjson.dumps({"id": txn_id}),
-            orjson.dumps(value),
-            headers,
-            value["ts_ms"],
-            f"transaction {txn_id} {status}",
-        )
+        where = f"transaction {txn_id} {status}"
+        if self.transaction_topic not in self._partitions:
+            await self._prepare_topic(self.transaction_topic, where)
+        key = orjson.dumps({"id": txn_id})
+        self._add(self.transaction_topic, key, orjson.dumps(value), headers, value["ts_ms"], where)
+        await self._wait_for_room()
 
-    # --- the window --------------------------------------------------------------------------
+    # --- batches and the window ----------------------------------------------------------------
 
-    async def _enqueue(self, entry: _Entry) -> None:
-        if entry.end_lsn is None:
-            await self._wait_for_room()
-        async with self._send_lock:
-            self._raise_failure()
-            self._window.append(entry)
-            if entry.end_lsn is None:
-                self._window_records += 1
-                self._window_bytes += entry.size
-                await self._send(entry)
-        self._pump()
+    def _add(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        ts: int,
+        where: _Where,
+    ) -> None:
+        """Append one record to its partition's open batch (Kafka's default partitioning)."""
+        partitions = self._partitions[topic]
+        if key is None:
+            partition = random.choice(partitions)
+        elif len(partitions) == 1:
+            partition = partitions[0]
+        else:
+            partition = partitions[partition_for(key, len(partitions))]
+        size = 2 * ((len(key) if key else 0) + (len(value) if value else 0)) + _RECORD_OVERHEAD
+        if size > self.config.max_request_size:
+            self._check_size(topic, (key, value, headers, ts, where))
+        tp = (topic, partition)
+        batch = self._open.get(tp) or self._new_batch(topic, partition)
+        if batch.builder.append(timestamp=ts, key=key, value=value, headers=headers) is None:
+            del self._open[tp]  # full: hand it over, start the next one
+            self._ready.append(batch)
+            self._wake.set()
+            batch = self._new_batch(topic, partition)
+            batch.builder.append(timestamp=ts, key=key, value=value, headers=headers)
+        batch.records.append((key, value, headers, ts, where))
+        batch.size += size
+        self._window_records += 1
+        self._window_bytes += size
+
+    def _check_size(self, topic: str, record: _Record) -> None:
+        key, value, headers, _, _ = record
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+        if size > self.config.max_request_size:
+            err = self._translate(
+                kerrors.MessageSizeTooLargeError(size), topic=topic, record=record
+            )
+            self._failure = err
+            self._changed.set()
+            raise err
+
+    def _new_batch(self, topic: str, partition: int) -> _Batch:
+        assert self._producer is not None, "KafkaSink.start() was not called"
+        batch = _Batch(topic, partition, self._producer.create_batch())
+        if not self._open:
+            self._open_since = asyncio.get_running_loop().time()
+            self._wake.set()
+        self._open[(topic, partition)] = batch
+        self._window.append(batch)
+        return batch
 
     async def _wait_for_room(self) -> None:
         c = self.config
@@ -398,41 +509,83 @@ class KafkaSink(Sink):
             self._changed.clear()
             await self._changed.wait()
 
-    async def _send(self, entry: _Entry) -> None:
-        """Hand one record to the producer, retrying while the broker is unavailable."""
+    async def _submit_loop(self) -> None:
+        """Hand batches to the producer: closed ones at once, open ones after ``linger_ms``
+        (at once while ``flush`` waits). ``send_batch`` waits while the producer still holds
+        an unsent batch of the partition, so open batches grow meanwhile."""
+        loop = asyncio.get_running_loop()
+        linger = self.config.linger_ms / 1000
+        while True:
+            if not self._ready:
+                if not self._open:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                wait = self._open_since + linger - loop.time()
+                if wait > 0 and not self._flushing:
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), wait)
+                    continue
+                self._ready.extend(self._open.values())
+                self._open.clear()
+            async with self._send_lock:
+                while self._ready:
+                    await self._submit(self._ready[0])
+                    self._ready.popleft()
+
+    async def _submit(self, batch: _Batch) -> None:
+        """Hand one batch to the producer, retrying while the broker is unavailable. A definite
+        failure is recorded on the batch (nothing from it on becomes durable)."""
         assert self._producer is not None, "KafkaSink.start() was not called"
+        delay = self.config.retry_backoff
+        while True:
+            try:
+                if batch.topic not in self._partitions:
+                    await self._learn_topic(batch.topic)
+                future = await self._producer.send_batch(
+                    batch.builder, batch.topic, partition=batch.partition
+                )
+            except Exception as exc:
+                err = self._translate(exc, topic=batch.topic, record=batch.records[0])
+                if not isinstance(err, TransientSinkError):
+                    batch.error = err
+                    self._failure = self._failure or err
+                    self._changed.set()
+                    return
+                self._stats["send_retries"] += 1
+                log.warning("kafka_send_retry", topic=batch.topic, error=str(err))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            batch.future = future
+            future.add_done_callback(self._on_delivery)
+            self._stats["records_sent"] += len(batch.records)
+            return
+
+    async def _prepare_topic(self, topic: str, where: _Where) -> None:
+        """Create (or check) ``topic`` and learn its partitions, retrying while the broker is
+        unavailable."""
         delay = self.config.retry_backoff
         while True:
             self._raise_failure()
             try:
-                await self._ensure_topic(entry.topic)
-                future = await self._producer.send(
-                    entry.topic,
-                    entry.value,
-                    key=entry.key,
-                    headers=entry.headers,
-                    timestamp_ms=entry.timestamp_ms,
-                )
+                await self._learn_topic(topic)
+                return
             except Exception as exc:
-                err = self._translate(exc, entry=entry)
+                err = self._translate(exc, topic=topic, record=(None, None, [], 0, where))
                 if not isinstance(err, TransientSinkError):
                     self._failure = err
                     self._changed.set()
                     raise err from exc
                 self._stats["send_retries"] += 1
-                log.warning("kafka_send_retry", topic=entry.topic, error=str(err))
+                log.warning("kafka_send_retry", topic=topic, error=str(err))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-                continue
-            entry.future = future
-            future.add_done_callback(self._on_delivery)
-            self._stats["records_sent"] += 1
-            return
 
-    async def _ensure_topic(self, topic: str) -> None:
-        if topic in self._known_topics:
-            return
-        assert self._admin is not None
+    async def _learn_topic(self, topic: str) -> None:
+        """Create (or check) ``topic``, then remember its partitions."""
+        assert self._admin is not None and self._producer is not None
         if self.config.create_topics:
             response = await self._admin.create_topics(
                 [NewTopic(topic, self.config.partitions, self.config.replication_factor)]
@@ -444,17 +597,20 @@ class KafkaSink(Sink):
             for info in await self._admin.describe_topics([topic]):
                 if info["error_code"]:
                     raise kerrors.for_code(info["error_code"])(f"topic {topic!r}")
-        self._known_topics.add(topic)
+        self._partitions[topic] = sorted(await self._producer.partitions_for(topic))
 
     def _on_delivery(self, _future: asyncio.Future[Any]) -> None:
         self._pump()
 
     def _pump(self) -> None:
-        """Advance the window over acknowledged records; mark passed transaction ends durable."""
+        """Advance the window over acknowledged batches; mark passed transaction ends durable."""
+        window = self._window
         moved = False
-        while self._window:
-            head = self._window[0]
-            if head.end_lsn is None:
+        while window:
+            head = window[0]
+            if isinstance(head, int):
+                self._mark_durable(head)
+            else:
                 fut = head.future
                 if fut is None or not fut.done():
                     break
@@ -462,20 +618,18 @@ class KafkaSink(Sink):
                 if exc is not None:
                     self._delivery_failed(head, exc)
                     break
-                self._window_records -= 1
+                self._window_records -= len(head.records)
                 self._window_bytes -= head.size
-                self._stats["records_acked"] += 1
-            else:
-                self._mark_durable(head.end_lsn)
-            self._window.popleft()
+                self._stats["records_acked"] += len(head.records)
+            window.popleft()
             moved = True
         if moved:
             self._changed.set()
 
-    def _delivery_failed(self, head: _Entry, exc: BaseException) -> None:
+    def _delivery_failed(self, head: _Batch, exc: BaseException) -> None:
         if self._failure is not None or self._replay_task is not None:
             return
-        err = self._translate(exc, entry=head)
+        err = self._translate(exc, topic=head.topic, record=head.records[0])
         if isinstance(err, TransientSinkError):
             log.warning("kafka_delivery_failed_replaying", topic=head.topic, error=str(err))
             self._replay_task = asyncio.get_running_loop().create_task(self._replay())
@@ -484,20 +638,25 @@ class KafkaSink(Sink):
             self._changed.set()
 
     async def _replay(self) -> None:
-        """Resend, in order, every record from the oldest unacknowledged one onward."""
+        """Resend, in order, every batch from the oldest unacknowledged one onward."""
+        assert self._producer is not None
         try:
             async with self._send_lock:
-                pending = [e.future for e in self._window if e.future is not None]
-                await asyncio.gather(*pending, return_exceptions=True)
+                handed = [b for b in self._window if isinstance(b, _Batch) and b.future]
+                futures = [b.future for b in handed if b.future is not None]
+                await asyncio.gather(*futures, return_exceptions=True)
                 self._stats["replays"] += 1
-                self._known_topics.clear()  # the broker may have come back without them
-                for entry in self._window:
-                    entry.future = None
-                for entry in list(self._window):
-                    if entry.end_lsn is None:
-                        await self._send(entry)
-        except SinkError as err:
-            self._failure = self._failure or err
+                self._partitions.clear()  # the broker may have come back without the topics
+                for batch in handed:
+                    batch.future = None
+                for batch in handed:
+                    batch.builder = self._producer.create_batch()
+                    for key, value, headers, ts, _ in batch.records:
+                        added = batch.builder.append(
+                            timestamp=ts, key=key, value=value, headers=headers
+                        )
+                        assert added is not None, "a replayed batch holds what it held before"
+                    await self._submit(batch)
         except Exception as exc:  # a bug; make it visible to the pipeline
             self._failure = DefiniteSinkError(f"kafka: replay failed: {exc!r}")
         finally:
@@ -512,15 +671,23 @@ class KafkaSink(Sink):
     # --- the one place that translates aiokafka's exceptions ---------------------------------
 
     def _translate(
-        self, exc: BaseException, *, entry: _Entry | None = None, starting: bool = False
+        self,
+        exc: BaseException,
+        *,
+        topic: str | None = None,
+        record: _Record | None = None,
+        starting: bool = False,
     ) -> SinkError:
+        """``record``: the failing one (a batch's first), for the message."""
         if isinstance(exc, SinkError):
             return exc
-        topic = entry.topic if entry is not None else None
-        where = f" at {entry.where}" if entry is not None and entry.where else ""
+        where = f" at {_where_text(record[4])}" if record is not None and record[4] else ""
         if isinstance(exc, kerrors.MessageSizeTooLargeError | kerrors.RecordListTooLargeError):
-            size = entry.size - 64 if entry is not None else "?"
-            key = entry.key.decode(errors="replace") if entry and entry.key else None
+            size: int | str = "?"
+            key = None
+            if record is not None:
+                size = len(record[0] or b"") + len(record[1] or b"")
+                key = record[0].decode(errors="replace") if record[0] else None
             return DefiniteSinkError(
                 f"kafka: record for topic {topic!r} with key {key} is about {size} bytes, more "
                 f"than max_request_size ({self.config.max_request_size}) or the broker's limit"
