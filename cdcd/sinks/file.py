@@ -19,11 +19,18 @@ Invariants:
 - **Order.** Each folder has at most one open file; events reach a folder in ``(commit_lsn,
   seq)`` order and files never overlap, so sorting a folder's file names sorts its events.
 - **Durability.** ``flush()`` publishes every open file, fsyncs the folders, then reports the
-  ``end_lsn`` of the last transaction handed over completely (``commit``). Files are also
-  published when they reach ``rollover_bytes``/``rollover_rows``, when a file is older than
-  ``rollover_seconds`` at a commit, and on every commit once ``flush_interval`` has passed
-  since the last flush (``0``: every commit). Publishing on flush makes one file per table per
-  flush: ``flush_interval`` trades file count against latency.
+  ``end_lsn`` of the last transaction handed over completely (``commit``) before it began.
+  Files are also published when they reach ``rollover_bytes``/``rollover_rows`` and when a
+  file is older than ``rollover_seconds`` at a commit. With ``flush_interval: 0`` every commit
+  flushes before it returns. Otherwise the sink flushes by itself, in the background, as soon
+  as ``flush_interval`` has passed since the last flush began and something committed is not
+  durable: a timer, not the next commit, starts it, and writing goes on meanwhile (into new
+  files). One flush runs at a time; what is committed during a flush goes with the next one
+  (group commit). Publishing on flush makes one file per table per flush: ``flush_interval``
+  bounds the flushes per second, trading file count against latency.
+- **Publication order.** Files are sealed (closed for writing) and published by jobs that run
+  one at a time in a worker thread, in seal order, so a folder's files become visible in name
+  order and a crash leaves, per folder, a prefix of its files published.
 - **Exactly once across crashes.** PostgreSQL resends every transaction after the confirmed
   LSN. ``start()`` deletes leftover temporary files and reads, per folder, the position of the
   last published event (the last line of the last file); events at or before it are skipped,
@@ -63,7 +70,7 @@ import errno
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -306,18 +313,42 @@ class Publisher:
                 os.fsync(f.fileno())
         self.publish(tmp, final)
 
+    def take_dirty(self) -> set[Path]:
+        """The folders changed since the last call, for a publication job to fsync."""
+        dirty, self._dirty = self._dirty, set()
+        return dirty
+
     def sync(self) -> None:
-        """fsync changed folders, deepest first (``_schema`` before its table, tables before
-        the root), so a published file's folder entry is durable before its parent's."""
-        dirty, self._dirty = sorted(self._dirty, key=lambda p: len(p.parts), reverse=True), set()
-        if not self.fsync:
-            return
-        for path in dirty:
+        sync_folders(self.take_dirty(), self.fsync)
+
+
+def sync_folders(folders: Iterable[Path], fsync: bool) -> None:
+    """fsync folders, deepest first (``_schema`` before its table, tables before the root), so
+    a published file's folder entry is durable before its parent's."""
+    if not fsync:
+        return
+    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        except OSError as exc:
+            raise _io_error(exc, "fsync folder", path) from exc
+
+
+def publish_files(files: Sequence[tuple[TableWriter, Path]], dirty: set[Path], fsync: bool) -> None:
+    """One publication job (run in a worker thread): complete each file (fsync), rename it
+    into place, in the order given, then fsync every folder that changed."""
+    for writer, final in files:
+        try:
+            writer.finish()
+            os.replace(writer.path, final)
+        except OSError as exc:
+            raise _io_error(exc, "publish", final) from exc
+        dirty.add(final.parent)
+    sync_folders(dirty, fsync)
 
 
 # --- folders ---------------------------------------------------------------------------------
@@ -402,8 +433,7 @@ class _Folder:
         if writer.size() >= config.rollover_bytes or (
             config.rollover_rows is not None and writer.rows >= config.rollover_rows
         ):
-            self.publish()
-            self.sink.publisher.sync()
+            self.seal()
 
     def _open(self, position: Position, relation: Relation | None) -> None:
         self.final = self.path / self.name_for(position)
@@ -420,7 +450,7 @@ class _Folder:
         if signature == self.signature or info is None:
             return
         if self.writer is not None and self.writer_cls.roll_on_schema_change:
-            self.publish()
+            self.seal()
         self.signature = signature
         pos = event.position
         document = {**info, "commit_lsn": pos[0], "seq": pos[1]}
@@ -444,15 +474,14 @@ class _Folder:
                 f"file sink: cannot read schema file {applicable[-1]}: {exc}"
             ) from exc
 
-    def publish(self) -> None:
+    def seal(self) -> None:
+        """Close the open file for writing: the sink publishes sealed files in order."""
         writer, final = self.writer, self.final
         if writer is None or final is None:
             return
         self.writer = None
         self.sink.open_folders.pop(self.path, None)
-        writer.finish()
-        self.sink.publisher.publish(writer.path, final)
-        self.sink.files_published += 1
+        self.sink.sealed.append((writer, final))
 
     def discard(self) -> None:
         writer, self.writer = self.writer, None
@@ -469,6 +498,8 @@ class FileSink(Sink):
 
     type_name = "file"
     Config = FileSinkConfig
+    #: publishes in the background (see ``_schedule_flush``): the pipeline need not call flush
+    flushes_itself = True
 
     def __init__(
         self,
@@ -486,6 +517,8 @@ class FileSink(Sink):
         self.clock = clock
         self.publisher = Publisher(config.fsync)
         self.open_folders: dict[Path, _Folder] = {}
+        #: files closed for writing, waiting for the next publication job (in order)
+        self.sealed: list[tuple[TableWriter, Path]] = []
         self.events_skipped = 0
         self.files_published = 0
         self.events_written = 0
@@ -497,7 +530,11 @@ class FileSink(Sink):
         self._txn: Transaction | None = None
         self._txn_counts: dict[str, int] = {}
         self._committed_end = 0
-        self._last_flush = clock()
+        self._last_flush = clock()  # when the last flush began
+        self._unpublished = 0  # files sealed and not yet published
+        self._publishing = asyncio.Lock()  # one publication job at a time, in seal order
+        self._flush_task: asyncio.Task[None] | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._started = False
         self._failed: SinkError | None = None
         self._where: Path = self.root  # named in error messages
@@ -545,9 +582,21 @@ class FileSink(Sink):
         self.publisher.sync()
 
     async def close(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        task = self._flush_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         for folder in list(self.open_folders.values()):
             with contextlib.suppress(OSError):  # the next start() deletes what is left
                 folder.discard()
+        sealed, self.sealed = self.sealed, []
+        for writer, _ in sealed:
+            with contextlib.suppress(OSError):
+                writer.discard()
 
     # --- the sink protocol -------------------------------------------------------------------
 
@@ -565,6 +614,8 @@ class FileSink(Sink):
         self._check()
         with self._failing():
             self._write(events)
+        if self.sealed:  # a file rolled over: publish it now (after any flush in progress)
+            await self._publish_sealed()
 
     async def commit(self, txn: Transaction) -> None:
         self._check()
@@ -573,32 +624,40 @@ class FileSink(Sink):
                 self._marker(txn, "END")
         self._txn = None
         self._committed_end = max(self._committed_end, txn.end_lsn)
-        now = self.clock()
-        if not self.open_folders:
+        if self._all_published():
             self._mark_durable(self._committed_end)
-            self._last_flush = now
-        elif self.flush_interval == 0 or now - self._last_flush >= self.flush_interval:
+            return
+        if self.flush_interval == 0:
             await self.flush()
-        else:
-            old = [
-                f
-                for f in self.open_folders.values()
-                if now - f.opened_at >= self.config.rollover_seconds
-            ]
-            if old:
-                with self._failing():
-                    self._publish(old)
-                if not self.open_folders:
-                    self._mark_durable(self._committed_end)
+            return
+        now = self.clock()
+        old = [
+            f
+            for f in self.open_folders.values()
+            if now - f.opened_at >= self.config.rollover_seconds
+        ]
+        if old:
+            for folder in old:
+                folder.seal()
+            await self._publish_sealed()
+        if not self._all_published():
+            self._schedule_flush()
 
     async def flush(self) -> None:
+        """Publish every open file and wait until it is durable. Safe to run while
+        transactions are being written: what comes after the flush began goes to new files."""
         self._check()
         committed = self._committed_end
-        if self.open_folders:
-            with self._failing():
-                await asyncio.to_thread(self._publish, list(self.open_folders.values()))
-        self._mark_durable(committed)
         self._last_flush = self.clock()
+        for folder in list(self.open_folders.values()):
+            folder.seal()
+        await self._publish_sealed()
+        self._mark_durable(committed)
+
+    async def settled(self) -> None:
+        """Wait until no background flush is running or due (tests; see ``_schedule_flush``)."""
+        while self._flush_task is not None:
+            await asyncio.shield(self._flush_task)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -704,9 +763,63 @@ class FileSink(Sink):
         position = (txn.commit_lsn, 0 if status == "BEGIN" else 1)
         self._txn_log.append_lines(position, [orjson.dumps(marker)])
 
-    def _publish(self, folders: list[_Folder]) -> None:
-        for folder in folders:
-            self._where = folder.path
-            folder.publish()
-        self._where = self.root
-        self.publisher.sync()
+    def _all_published(self) -> bool:
+        """Every event handed over so far is in a published file."""
+        return not self.open_folders and self._unpublished == 0 and not self.sealed
+
+    async def _publish_sealed(self) -> None:
+        """Publish the sealed files in a worker thread. Jobs run one at a time, in seal order,
+        so a folder's files become visible in name order and a crash leaves, per folder, a
+        prefix of its files published (what recovery relies on). When this returns, every file
+        sealed before the call is published."""
+        async with self._publishing:
+            files, self.sealed = self.sealed, []
+            self._unpublished += len(files)
+            dirty = self.publisher.take_dirty()
+            if files or dirty:
+                job = asyncio.to_thread(publish_files, files, dirty, self.publisher.fsync)
+                try:
+                    with self._failing():
+                        await job
+                except asyncio.CancelledError:  # the job goes on in its thread: stop here
+                    self._failed = DefiniteSinkError("file sink: publication interrupted")
+                    raise
+            self._unpublished -= len(files)
+            self.files_published += len(files)
+            if self._all_published():
+                self._mark_durable(self._committed_end)
+
+    def _schedule_flush(self) -> None:
+        """Flush in the background once ``flush_interval`` has passed since the last flush
+        began. One flush runs at a time; what is committed meanwhile goes with the next one
+        (group commit), which starts as soon as the interval allows, without waiting for
+        another commit."""
+        if self._flush_task is not None or self._failed is not None:
+            return  # the running flush schedules the next one when it ends
+        delay = self._last_flush + self.flush_interval - self.clock()
+        if delay > 0:
+            if self._flush_timer is None:
+                self._flush_timer = asyncio.get_running_loop().call_later(delay, self._flush_due)
+            return
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self._flush_task = asyncio.get_running_loop().create_task(self._background_flush())
+
+    def _flush_due(self) -> None:
+        self._flush_timer = None
+        if not self._all_published():
+            self._schedule_flush()
+
+    async def _background_flush(self) -> None:
+        try:
+            await self.flush()
+        except SinkError:
+            return  # kept in self._failed: the pipeline's next call raises it
+        except Exception as exc:  # e.g. a format library's error: fail the same way
+            self._failed = self._failed or DefiniteSinkError(f"file sink: flush failed: {exc!r}")
+            return
+        finally:
+            self._flush_task = None
+        if not self._all_published():
+            self._schedule_flush()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import Iterable
 from pathlib import Path
@@ -170,9 +171,94 @@ async def test_commit_publishes_once_flush_interval_elapsed(tmp_path: Path) -> N
     await feed(sink, enc, [first])
     assert sink.durable_lsn() == 0
     clock.now += 6
-    await feed(sink, enc, [second])
+    await feed(sink, enc, [second])  # starts a flush in the background
+    await sink.settled()
     assert sink.durable_lsn() == second.end_lsn
     assert len(visible(tmp_path / "out" / "public.orders")) == 1
+
+
+async def test_writing_goes_on_while_a_flush_publishes(tmp_path: Path) -> None:
+    """A flush covers what was committed before it began; transactions written while it runs
+    go to new files (rolling over too), published by the next flush, in order, once each."""
+    out = tmp_path / "out"
+    sink = make_sink(out, rollover_bytes="1KiB")
+    await sink.start()
+    enc = encoder()
+    txns = workload(1, 12, 1000)
+    await feed(sink, enc, txns[:4])
+    flushing = asyncio.create_task(sink.flush())
+    await asyncio.sleep(0)  # the flush has sealed the open files and waits for its job
+    assert not sink.open_folders
+    await feed(sink, enc, txns[4:], batch=2)
+    await flushing
+    assert txns[3].end_lsn <= sink.durable_lsn() < txns[-1].end_lsn
+    await sink.flush()
+    assert sink.durable_lsn() == txns[-1].end_lsn
+    for table in ("orders", "items"):
+        assert positions(spark_read(out / f"public.{table}")) == expected_positions(
+            enc, txns, table
+        )
+    assert not [p for p in out.rglob(".*")]
+
+
+async def test_a_commit_during_a_flush_is_not_durable_before_that_flush_ends(
+    tmp_path: Path,
+) -> None:
+    """A transaction with nothing to write is durable at once only when nothing is being
+    published: otherwise once the publication in progress ends."""
+    out = tmp_path / "out"
+    sink = make_sink(out)
+    await sink.start()
+    enc = encoder()
+    first = workload(1, 1, 1000)[0]
+    await feed(sink, enc, [first])
+    flushing = asyncio.create_task(sink.flush())
+    await asyncio.sleep(0)
+    empty = TxnBuilder(2, 5000).build()
+    await feed(sink, enc, [empty])
+    assert sink.durable_lsn() < first.end_lsn
+    await flushing
+    assert sink.durable_lsn() == empty.end_lsn
+    another_empty = TxnBuilder(3, 6000).build()
+    await feed(sink, enc, [another_empty])
+    assert sink.durable_lsn() == another_empty.end_lsn  # nothing unpublished: durable at once
+
+
+async def test_a_timer_flushes_without_waiting_for_another_commit(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    config = FileSinkConfig.model_validate({"path": str(out), "flush_interval": 0.05})
+    sink = FileSink(config, CONTEXT)
+    await sink.start()
+    txns = workload(1, 3, 1000)
+    await feed(sink, encoder(), txns)
+    for _ in range(400):  # waits for the outcome; no assertion on how long it took
+        if sink.durable_lsn() == txns[-1].end_lsn:
+            break
+        await asyncio.sleep(0.05)
+    await sink.settled()
+    assert sink.durable_lsn() == txns[-1].end_lsn
+    assert len(spark_read(out / "public.orders")) == 6
+    await sink.close()
+
+
+async def test_a_failed_background_flush_fails_the_next_call(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    clock = Clock()
+    sink = make_sink(tmp_path / "out", clock, flush_interval=5)
+    await sink.start()
+
+    def broken(self: JsonlTableWriter) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(JsonlTableWriter, "finish", broken)
+    first, second = workload(1, 2, 1000)
+    clock.now += 6
+    await feed(sink, encoder(), [first])  # the interval has passed: a background flush
+    await sink.settled()
+    assert sink.durable_lsn() == 0
+    with pytest.raises(DefiniteSinkError, match="Input/output error"):
+        await sink.begin(second)
 
 
 async def test_rollover_by_size_names_files_after_their_first_event(tmp_path: Path) -> None:
