@@ -37,14 +37,18 @@ every value coalesces the two; a reader that does not care sees a null. Unchange
 values are null, as in the native rows, and listed in ``source.unchanged_toast``.
 
 The Arrow schema's metadata ``cdcd.schema`` carries the table's columns (the ``_schema`` file
-document). Rows are buffered and written in row groups of ``ROW_GROUP_ROWS``.
+document). Events are buffered, converted column by column (:mod:`cdcd.sinks.parquet_columns`;
+:meth:`RowLayout.batch` is the value-by-value reference it equals) and written in row groups
+of ``ROW_GROUP_ROWS``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -67,6 +71,9 @@ ROW_GROUP_ROWS = 65_536
 #: events kept before a column-wise conversion (bounds the Python objects a writer holds)
 CONVERT_ROWS = 16_384
 _ROW_BYTES_GUESS = 256
+#: Row groups are encoded and compressed here (Arrow releases the GIL meanwhile), so decoding
+#: the next events overlaps with writing the previous ones. One thread: FIFO for all files.
+_ROW_GROUP_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-parquet")
 MAX_DECIMAL_PRECISION = 38
 
 Fits = Callable[[Any], bool]
@@ -338,8 +345,9 @@ class ParquetTableWriter(TableWriter):
     Events are kept as they come (a file sink calls ``write`` once per transaction or batch,
     often with a handful of events) and converted column-wise (:class:`ColumnBuilder`) every
     ``CONVERT_ROWS`` events and when the file is finished; the converted batches are written
-    as one row group every ``ROW_GROUP_ROWS`` rows. Nothing is durable before ``finish``
-    anyway: the file is published, and its events made durable, only after it.
+    as one row group every ``ROW_GROUP_ROWS`` rows, by a writer thread (``finish`` waits for
+    it). Nothing is durable before ``finish`` anyway: the file is published, and its events
+    made durable, only after it.
     """
 
     suffix: ClassVar[str] = ".parquet"
@@ -356,6 +364,9 @@ class ParquetTableWriter(TableWriter):
         self._pending_rows = 0
         self._pending_bytes = 0
         self._row_bytes = _ROW_BYTES_GUESS  # Arrow bytes per row of the last converted batch
+        self._written = 0  # bytes in the file after the last row group written
+        self._inflight: Future[None] | None = None  # the row group the writer thread writes
+        self._inflight_bytes = 0
 
     @property
     def layout(self) -> RowLayout | None:
@@ -388,18 +399,37 @@ class ParquetTableWriter(TableWriter):
             self._write_pending()
 
     def _write_pending(self) -> None:
+        """Hand the converted batches to the writer thread as one row group; at most one row
+        group of a file is in flight (bounded memory, and row groups stay in order)."""
         if self._pending and self._writer is not None:
-            self._writer.write_table(pa.Table.from_batches(self._pending))
+            table = pa.Table.from_batches(self._pending)
+            self._wait()
+            self._inflight = _ROW_GROUP_WRITER.submit(self._writer.write_table, table)
+            self._inflight_bytes = self._pending_bytes
         self._pending = []
         self._pending_rows = 0
         self._pending_bytes = 0
 
+    def _wait(self) -> None:
+        """Wait for the row group in flight; its error (an OSError from the file) is raised."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
+            self._written = self._file.tell()
+            self._inflight_bytes = 0
+
     def size(self) -> int:
-        return self._file.tell() + self._pending_bytes + len(self._events) * self._row_bytes
+        return (
+            self._written
+            + self._inflight_bytes
+            + self._pending_bytes
+            + len(self._events) * self._row_bytes
+        )
 
     def finish(self) -> None:
         self._convert()
         self._write_pending()
+        self._wait()
         if self._writer is not None:
             self._writer.close()
         self._file.flush()
@@ -410,6 +440,8 @@ class ParquetTableWriter(TableWriter):
     def discard(self) -> None:
         self._events = []
         try:
+            with contextlib.suppress(Exception):  # the file is deleted anyway
+                self._wait()
             if self._writer is not None:
                 self._writer.close()
         finally:

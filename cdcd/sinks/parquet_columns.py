@@ -259,11 +259,15 @@ def _distinct(*columns: list[Any]) -> tuple[list[tuple[Any, ...]], pa.Array | No
     """The distinct rows of the given columns (by ``==``, identity for most objects) in
     first-seen order, and each row's index into them (None: a single distinct row)."""
     n = len(columns[0])
-    if all(c.count(c[0]) == n for c in columns):
+    varying = [c for c in columns if c.count(c[0]) != n]
+    if not varying:
         return [tuple(c[0] for c in columns)], None
-    seen: dict[tuple[Any, ...], int] = {}
-    index = [seen.setdefault(k, len(seen)) for k in zip(*columns, strict=True)]
-    return list(seen), pa.array(index, pa.int32())
+    seen: dict[Any, int] = {}
+    keys = varying[0] if len(varying) == 1 else list(zip(*varying, strict=True))
+    index = [seen.setdefault(k, len(seen)) for k in keys]
+    first = {k: row for row, k in zip(range(n - 1, -1, -1), reversed(keys), strict=True)}
+    rows = [first[k] for k in seen]
+    return [tuple(c[row] for c in columns) for row in rows], pa.array(index, pa.int32())
 
 
 def _spread(values: list[Any], index: pa.Array | None, n: int, t: pa.DataType) -> pa.Array:
