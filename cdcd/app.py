@@ -448,16 +448,18 @@ class Pipeline:
             for item in batch:
                 if type(item) is tuple:
                     lsn, wal_end, _, data = item
-                    stats.received_messages += 1
                     stats.received_bytes += len(data)
-                    self._received.advance(wal_end)
                     if wal_end > streamed:
                         streamed = wal_end
                     msg = decoder.decode(data, lsn)
-                    if type(msg) is ev.Relation:
+                    kind = type(msg)
+                    if kind is ev.Relation:
+                        self._received.advance(streamed)  # as before any await
                         await catalog.on_relation(msg)
-                    unknown = assembler.unknown_gid_resolutions
-                    cap = assembler.confirm_ceiling() if type(msg) is ev.CommitPrepared else None
+                    two_phase = kind in _TWO_PHASE_EVENTS
+                    if two_phase:
+                        unknown = assembler.unknown_gid_resolutions
+                    cap = assembler.confirm_ceiling() if kind is ev.CommitPrepared else None
                     try:
                         txn = assembler.feed(msg, lsn, data)
                     except OSError as exc:
@@ -465,10 +467,11 @@ class Pipeline:
                             f"buffer.spill_dir {self.config.buffer.spill_dir}: {exc.strerror or exc} "
                             "(free disk space or raise buffer.memory_limit)"
                         ) from exc
-                    if type(msg) in _TWO_PHASE_EVENTS:
+                    if two_phase:
                         self._log_two_phase(msg, lsn, assembler.unknown_gid_resolutions > unknown)
                     if txn is None:
                         continue
+                    self._received.advance(streamed)
                     if endpos is not None and txn.commit_lsn > endpos:
                         if cap is not None:  # never handed to the sinks: never durable
                             self._prepared_caps.append((cap, txn.end_lsn))
@@ -500,6 +503,8 @@ class Pipeline:
                         self._session_lsn = streamed
                         self._reach_endpos()
                         return
+            stats.received_messages += sum(type(item) is tuple for item in batch)
+            self._received.advance(streamed)
             self._session_lsn = streamed
             if self._stop.is_set():
                 return
