@@ -87,6 +87,8 @@ def run(path: Path, sink: str, memory_limit: int, raw: bool = True) -> None:
         for payload in session.copy_data_run():
             _, lsn, _, _ = header(payload)
             data = payload[25:]
+            if raw and assembler.feed_spilled_change(data, lsn, streamed=decoder.in_stream):
+                continue  # as the daemon's reader
             msg = decoder.decode(data, lsn)
             if type(msg) is Relation:
                 pass  # the daemon's live catalog looks the key up here

@@ -58,6 +58,7 @@ So after each :meth:`Assembler.feed` the accounted bytes are at most ``memory_li
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,9 @@ CHANGE_OVERHEAD: Final = 256
 COLUMN_OVERHEAD: Final = 48
 
 DEFAULT_MEMORY_LIMIT: Final = 256 << 20
+
+_OID: Final = struct.Struct("!I")  # pgoutput change header: relation OID
+_XID_OID: Final = struct.Struct("!II")  # inside a stream block: xid, relation OID
 
 _BufferKind = Literal["regular", "prepare", "stream"]
 
@@ -273,9 +277,7 @@ class Assembler:
 
     # --- feeding ----------------------------------------------------------------------------
 
-    def feed(
-        self, msg: PgOutputMessage, lsn: int, data: bytes | None = None
-    ) -> Transaction | None:
+    def feed(self, msg: PgOutputMessage, lsn: int, data: bytes | None = None) -> Transaction | None:
         """Take one message (``lsn``: its XLogData ``wal_start``); return what it releases.
 
         ``data``: the pgoutput bytes ``msg`` was decoded from, when the caller has them. A
@@ -517,6 +519,36 @@ class Assembler:
         self._buffered += size
         if self._buffered > self._memory_limit and self._spill_dir is not None:
             self._spill_until_under(self._spill_dir)
+
+    def feed_spilled_change(self, data: bytes, lsn: int, *, streamed: bool) -> bool:
+        """Take an Insert, Update or Delete as pgoutput bytes, undecoded, if it belongs to a
+        transaction that already spilled; return whether it was taken.
+
+        A spilled transaction stores its changes as their pgoutput bytes and decodes them
+        when it is read back, so decoding them on arrival as well would be wasted. Only the
+        relation OID (and, ``streamed``: inside a stream block, the xid) is read here; a
+        malformed change surfaces when the transaction is read back, with its tag and LSN.
+        When this returns False, decode ``data`` and :meth:`feed` it as usual.
+        """
+        buf = self._block or self._current
+        if buf is None or buf.spill is None or data[:1] not in (b"I", b"U", b"D"):
+            return False
+        if streamed:
+            if len(data) < 9:
+                return False
+            xid, oid = _XID_OID.unpack_from(data, 1)
+            if buf.kind == "stream":
+                self._note_subxact(buf, xid)
+                buf.seq += 1
+        else:
+            if len(data) < 5:
+                return False
+            xid = None
+            (oid,) = _OID.unpack_from(data, 1)
+        rel = self._relation(buf, oid, lsn)
+        buf.count += 1
+        buf.spill.append_raw(lsn, data, xid, (rel,))
+        return True
 
     def _append_change(
         self, buf: _Buffer, lsn: int, change: Insert | Update | Delete, rel: Relation, data: bytes

@@ -19,9 +19,10 @@ Invariants:
   ``stream_abort_internal``).
 - Relations are not written: each file keeps the few Relation objects its records refer to in
   a small in-memory table, and records carry an index into it.
-- A change appended with the bytes it was decoded from (:meth:`SpillFile.append_raw`) is
-  stored as those bytes (tag R): no encoding on the way in, the decoder's own fast path on
-  the way out. Changes moved from memory are encoded field by field (tags I U D T M).
+- Inserts, Updates and Deletes are stored in pgoutput's own format (tag R) and read back by
+  the decoder's fast path. A change appended with the bytes it was decoded from
+  (:meth:`SpillFile.append_raw`) is stored as those very bytes; one moved from memory is
+  re-encoded (:func:`cdcd.decoder.tuples.build_tuple`).
 - Writes are buffered (``buffer_size``, 1 MiB by default): memory held by a spilled
   transaction is at most that buffer plus the relation table.
 - I/O errors surface as :class:`OSError` (disk full, permission): the caller decides.
@@ -30,14 +31,10 @@ Record format (all integers little-endian)::
 
     u32 body length | body
     body   = u8 tag | u64 lsn | u8 has_xid | u32 xid | u32 nrel | nrel * u32 relation index | payload
-    tag I  = u32 relation oid | tuple
-    tag U  = u32 relation oid | u8 old kind (0, 'K', 'O') | [tuple old] | tuple new
-    tag D  = u32 relation oid | u8 old kind | tuple old
     tag T  = u8 options | u32 n | n * u32 oid
     tag M  = u8 transactional | u64 message lsn | u32 len | prefix utf-8 | u32 len | content
-    tag R  = the Insert, Update or Delete message exactly as pgoutput sent it (has_xid: it
-             came inside a stream block), decoded again when read back
-    tuple  = u16 ncols | ncols bytes kinds | ncols * i32 length (-1: no value) | the values
+    tag R  = an Insert, Update or Delete as a pgoutput message (has_xid: with the leading xid
+             of a change inside a stream block), decoded again when read back
 """
 
 from __future__ import annotations
@@ -60,6 +57,7 @@ from cdcd.decoder.events import (
     Update,
 )
 from cdcd.decoder.pgoutput import decode_change
+from cdcd.decoder.tuples import build_tuple
 
 #: Spill files are named ``<SPILL_PREFIX><n><SPILL_SUFFIX>`` inside the spill directory.
 SPILL_PREFIX: Final = "cdcd-txn-"
@@ -71,15 +69,13 @@ _U32 = struct.Struct("<I")
 _HEAD = struct.Struct("<BQBII")  # tag, lsn, has_xid, xid, nrel
 _U16 = struct.Struct("<H")
 _U8U32 = struct.Struct("<BI")
-_U32U8 = struct.Struct("<IB")
 _MSG = struct.Struct("<BQ")
 
-_TAG_INSERT: Final = ord("I")
-_TAG_UPDATE: Final = ord("U")
-_TAG_DELETE: Final = ord("D")
 _TAG_TRUNCATE: Final = ord("T")
 _TAG_MESSAGE: Final = ord("M")
 _TAG_RAW: Final = ord("R")
+_NET_U32 = struct.Struct("!I")  # pgoutput (network order): relation oid
+_NET_U32X2 = struct.Struct("!II")  # xid, relation oid
 
 
 def remove_stale(spill_dir: Path) -> int:
@@ -206,35 +202,23 @@ class SpillFile:
 # --- encoding ----------------------------------------------------------------------------------
 
 
-def _encode_tuple(tup: TupleData, out: list[bytes]) -> None:
-    values = tup.values
-    n = len(values)
-    lengths = [-1 if v is None else len(v) for v in values]
-    out.append(_U16.pack(n))
-    out.append(tup.kinds)
-    out.append(struct.pack(f"<{n}i", *lengths))
-    out.extend(v for v in values if v is not None)
-
-
 def _encode(record: ChangeRecord, rel_ids: list[int]) -> bytes:
     change = record.change
     xid = change.xid
     out: list[bytes] = []
+    tag = _TAG_RAW
+    # Insert, Update and Delete in pgoutput's own format (tag R), as append_raw stores them.
     match change:
         case Insert():
-            tag = _TAG_INSERT
-            out.append(_U32.pack(change.relation_oid))
-            _encode_tuple(change.new, out)
+            out += (b"I", _change_head(xid, change.relation_oid), b"N", _tuple(change.new))
         case Update():
-            tag = _TAG_UPDATE
-            out.append(_U32U8.pack(change.relation_oid, _old_kind(change.old_kind)))
+            out += (b"U", _change_head(xid, change.relation_oid))
             if change.old is not None:
-                _encode_tuple(change.old, out)
-            _encode_tuple(change.new, out)
+                out += (_old_part(change.old_kind), _tuple(change.old))
+            out += (b"N", _tuple(change.new))
         case Delete():
-            tag = _TAG_DELETE
-            out.append(_U32U8.pack(change.relation_oid, _old_kind(change.old_kind)))
-            _encode_tuple(change.old, out)
+            head = _change_head(xid, change.relation_oid)
+            out += (b"D", head, _old_part(change.old_kind), _tuple(change.old))
         case Truncate():
             tag = _TAG_TRUNCATE
             oids = change.relation_oids
@@ -252,8 +236,19 @@ def _encode(record: ChangeRecord, rel_ids: list[int]) -> bytes:
     return b"".join((head, struct.pack(f"<{len(rel_ids)}I", *rel_ids), *out))
 
 
-def _old_kind(kind: str | None) -> int:
-    return 0 if kind is None else ord(kind)
+def _change_head(xid: int | None, oid: int) -> bytes:
+    """pgoutput's (xid,) relation OID of a change; the xid only inside a stream block."""
+    return _NET_U32.pack(oid) if xid is None else _NET_U32X2.pack(xid, oid)
+
+
+def _old_part(kind: str | None) -> bytes:
+    if kind not in ("K", "O"):
+        raise ValueError(f"old tuple of kind {kind!r}")
+    return kind.encode()
+
+
+def _tuple(tup: TupleData) -> bytes:
+    return build_tuple(tup.kinds, tup.values)
 
 
 # --- decoding ----------------------------------------------------------------------------------
@@ -283,23 +278,6 @@ def _read(path: Path, rels: tuple[Relation, ...]) -> Iterator[ChangeRecord]:
                 pos = stop
 
 
-def _decode_tuple(body: bytes, pos: int) -> tuple[TupleData, int]:
-    (n,) = _U16.unpack_from(body, pos)
-    pos += 2
-    kinds = body[pos : pos + n]
-    pos += n
-    lengths = struct.unpack_from(f"<{n}i", body, pos)
-    pos += 4 * n
-    values: list[bytes | None] = []
-    for length in lengths:
-        if length < 0:
-            values.append(None)
-        else:
-            values.append(body[pos : pos + length])
-            pos += length
-    return TupleData(kinds, tuple(values)), pos
-
-
 def _decode(body: bytes, rels: tuple[Relation, ...]) -> ChangeRecord:
     tag, lsn, has_xid, raw_xid, nrel = _HEAD.unpack_from(body, 0)
     pos = _HEAD.size
@@ -312,22 +290,6 @@ def _decode(body: bytes, rels: tuple[Relation, ...]) -> ChangeRecord:
     change: Change
     if tag == _TAG_RAW:
         change = decode_change(body[pos:], lsn, streamed=bool(has_xid))
-    elif tag == _TAG_INSERT:
-        (oid,) = _U32.unpack_from(body, pos)
-        new, pos = _decode_tuple(body, pos + 4)
-        change = Insert(xid, oid, new)
-    elif tag == _TAG_UPDATE:
-        oid, old_kind = _U32U8.unpack_from(body, pos)
-        pos += _U32U8.size
-        old: TupleData | None = None
-        if old_kind:
-            old, pos = _decode_tuple(body, pos)
-        new, pos = _decode_tuple(body, pos)
-        change = Update(xid, oid, chr(old_kind) if old_kind else None, old, new)
-    elif tag == _TAG_DELETE:
-        oid, old_kind = _U32U8.unpack_from(body, pos)
-        old_tuple, pos = _decode_tuple(body, pos + _U32U8.size)
-        change = Delete(xid, oid, chr(old_kind), old_tuple)
     elif tag == _TAG_TRUNCATE:
         options, n = _U8U32.unpack_from(body, pos)
         pos += _U8U32.size

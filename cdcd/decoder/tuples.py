@@ -7,6 +7,8 @@ its own. Format (PostgreSQL docs "Logical Replication Message Formats", TupleDat
     Int16 ncols, then per column: Byte1 kind ('n' null, 'u' unchanged TOAST,
     't' text, 'b' binary), and for 't'/'b' Int32 length + that many bytes.
 
+:func:`build_tuple` is the inverse (spill files store changes in pgoutput's own format).
+
 Invariants: :func:`parse_tuple` never reads a byte twice and copies each value once (one
 ``bytes`` slice). It does not describe errors, only detects them: a length running past the
 end raises IndexError (or returns a position past the end, which the caller checks), and an
@@ -60,3 +62,30 @@ def parse_tuple(buf: bytes, pos: int) -> tuple[bytes, tuple[bytes | None, ...], 
             raise BadKind(i, ncols, kind)
         kinds[i] = kind
     return bytes(kinds), tuple(values), pos
+
+
+def build_tuple(kinds: bytes, values: tuple[bytes | None, ...]) -> bytes:
+    """The TupleData bytes of ``kinds`` and ``values`` (inverse of :func:`parse_tuple`).
+
+    ``kinds`` and ``values`` have the same length, a value for each 't'/'b' column.
+    """
+    ncols = len(kinds)
+    if ncols != len(values) or ncols > 0xFFFF:
+        raise ValueError(f"{ncols} kinds for {len(values)} values")
+    out = bytearray()
+    out.append(ncols >> 8)
+    out.append(ncols & 0xFF)
+    for i in range(ncols):
+        kind: int = kinds[i]
+        out.append(kind)
+        if kind in (_TEXT, _BINARY):
+            value = values[i]
+            if value is None:
+                raise ValueError(f"column {i + 1}: kind {chr(kind)!r} without a value")
+            length = len(value)
+            out.append((length >> 24) & 0xFF)
+            out.append((length >> 16) & 0xFF)
+            out.append((length >> 8) & 0xFF)
+            out.append(length & 0xFF)
+            out += value
+    return bytes(out)

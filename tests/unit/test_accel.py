@@ -100,6 +100,16 @@ def test_parse_tuple_compiled_equals_source(
     assert end == len(prefix + body)
     assert kinds == b"".join(k for k, _ in cols)
     assert values == tuple(v if k in (b"t", b"b") else None for k, v in cols)
+    # build_tuple is the inverse, in both forms
+    assert tuples.build_tuple(kinds, values) == body == PURE_TUPLES.build_tuple(kinds, values)
+
+
+def test_build_tuple_refuses_a_text_column_without_value() -> None:
+    for module in (tuples, PURE_TUPLES):
+        with pytest.raises(ValueError, match="column 2"):
+            module.build_tuple(b"nt", (None, None))
+        with pytest.raises(ValueError, match="2 kinds for 1 values"):
+            module.build_tuple(b"nt", (None,))
 
 
 def test_unknown_kind_is_reported_with_its_column() -> None:
