@@ -9,7 +9,7 @@ the same values, the same nulls, the same ``unrepresentable`` sidecar entries in
 How: the raw pgoutput values of each column (bytes, as the server sent them) are gathered for
 the whole run and converted by Arrow casts in C when the column's type has an exact cast:
 
-    text-like types (converter = UTF-8 decode)  binary → string (validates UTF-8, as decode does)
+    text-like types (converter = UTF-8 decode)  bytes → string (validates UTF-8, as decode does)
     int2/int4/int8/oid/xid/cid/xid8             string → int (fails on overflow, like Arrow did)
     float8, float4                              string → float64 (→ float32: the same rounding as
                                                 a Python float stored in a float32 column)
@@ -169,10 +169,9 @@ class _ColumnPlan:
         if not fast:
             return None
         try:
-            arr = pa.array(raw, pa.binary())
             if fast == "bool":
-                return pc.equal(arr, pa.scalar(b"t", pa.binary()))
-            text = arr.cast(pa.string())
+                return pc.equal(pa.array(raw, pa.binary()), pa.scalar(b"t", pa.binary()))
+            text = pa.array(raw, pa.string())  # validates UTF-8 as bytes.decode() does
             if fast == "text":
                 return text
             if fast == "plain_decimal":
