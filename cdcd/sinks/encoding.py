@@ -645,6 +645,16 @@ class Encoder:
         for record in txn.changes():
             lsn = record.lsn
             ts_ms = int(clock() * 1000)
+            change = record.change
+            if type(change) is Insert:  # the common case, without _split's tuples
+                rel = self._rel(record.relations[0])
+                oid = rel.relation.oid
+                dco = collections.get(oid, 0) + 1
+                collections[oid] = dco
+                yield ChangeEvent("c", rel, info, lsn, seq, dco, prev_lsn, ts_ms, None, change.new)
+                seq += 1
+                prev_lsn = lsn
+                continue
             for op, rel, before, after, fill, extra in self._split(record, txn):
                 # data_collection_order: per table (by OID); logical messages count under None
                 oid = rel.relation.oid if rel is not None else None
