@@ -43,6 +43,7 @@ from typing import Any
 
 import structlog
 
+from cdcd import accel
 from cdcd.assembler.assembler import Assembler
 from cdcd.assembler.transaction import Transaction
 from cdcd.benchlog import LatencyLog, write_stats
@@ -437,6 +438,7 @@ class Pipeline:
             streaming=opts.streaming,
             options=opts.options,
             server_version=client.server_version,
+            fast_paths="compiled" if all(accel.status().values()) else "pure Python",
         )
         endpos = self.endpos
         stats = self.stats
