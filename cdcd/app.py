@@ -457,7 +457,7 @@ class Pipeline:
                         continue  # decoded when the spilled transaction is read back
                     msg = decoder.decode(data, lsn)
                     kind = type(msg)
-                    if kind is ev.Relation:
+                    if type(msg) is ev.Relation:
                         self._received.advance(streamed)  # as before any await
                         await catalog.on_relation(msg)
                     two_phase = kind in _TWO_PHASE_EVENTS

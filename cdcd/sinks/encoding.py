@@ -647,11 +647,13 @@ class Encoder:
             ts_ms = int(clock() * 1000)
             change = record.change
             if type(change) is Insert:  # the common case, without _split's tuples
-                rel = self._rel(record.relations[0])
-                oid = rel.relation.oid
-                dco = collections.get(oid, 0) + 1
-                collections[oid] = dco
-                yield ChangeEvent("c", rel, info, lsn, seq, dco, prev_lsn, ts_ms, None, change.new)
+                table = self._rel(record.relations[0])
+                table_oid: int | None = table.relation.oid
+                dco = collections.get(table_oid, 0) + 1
+                collections[table_oid] = dco
+                yield ChangeEvent(
+                    "c", table, info, lsn, seq, dco, prev_lsn, ts_ms, None, change.new
+                )
                 seq += 1
                 prev_lsn = lsn
                 continue
