@@ -15,8 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-#: Modules written for mypyc (dotted names); each imports nothing from cdcd.
-COMPILED_MODULES: tuple[str, ...] = ("cdcd.decoder.tuples", "cdcd.decoder.events")
+#: Modules written for mypyc (dotted names), compiled one by one.
+COMPILED_MODULES: tuple[str, ...] = (
+    "cdcd.decoder.tuples",
+    "cdcd.decoder.events",
+    "cdcd.assembler.transaction",
+)
 
 PURE_ENV = "CDCD_PURE_PYTHON"
 

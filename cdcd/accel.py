@@ -52,8 +52,8 @@ def _module_path(name: str) -> Path:
 def build(names: Sequence[str] = COMPILED_MODULES) -> list[Path]:
     """Compile ``names`` with mypyc next to their sources; return the extension files.
 
-    Each module is compiled alone in a scratch folder (so no shared runtime library lands in
-    site-packages) and its extension is copied beside the ``.py`` file. Raises
+    Each module is compiled alone in a scratch copy of the package (so no shared runtime
+    library lands in site-packages) and its extensions are copied beside the ``.py`` file. Raises
     CalledProcessError when mypyc fails (no compiler, no headers).
     """
     import shutil
@@ -65,12 +65,11 @@ def build(names: Sequence[str] = COMPILED_MODULES) -> list[Path]:
         source = _module_path(name)
         with tempfile.TemporaryDirectory(prefix="cdcd-mypyc-") as scratch:
             root = Path(scratch)
+            # the whole package, for type checking; only ``name`` is compiled
+            shutil.copytree(
+                _PACKAGE_DIR, root / "cdcd", ignore=shutil.ignore_patterns("*.so", "__pycache__")
+            )
             target = root.joinpath(*name.split(".")).with_suffix(".py")
-            target.parent.mkdir(parents=True)
-            for parent in target.relative_to(root).parents:
-                if parent != Path("."):
-                    (root / parent / "__init__.py").touch()
-            shutil.copyfile(source, target)
             subprocess.run(
                 [sys.executable, "-m", "mypyc", str(target.relative_to(root))],
                 cwd=root,
