@@ -547,7 +547,7 @@ class Pipeline:
                 try:
                     txn = await asyncio.wait_for(queue.get(), timeout=0.1)
                 except TimeoutError:
-                    await self._maybe_flush(idle=True)
+                    await self._maybe_flush(idle=True, quiet=True)
                     continue
             else:
                 txn = queue.get_nowait()
@@ -593,10 +593,16 @@ class Pipeline:
             key = (table, event.op)
             events_by[key] = events_by.get(key, 0) + 1
 
-    async def _maybe_flush(self, *, idle: bool) -> None:
+    async def _maybe_flush(self, *, idle: bool, quiet: bool = False) -> None:
+        """Flush the sinks whose ``flush_interval`` has passed (``0``: whenever the queue is
+        empty). A sink that publishes in the background on its own schedule (``flushes_itself``,
+        the file sink) is flushed here only after the writer has been quiet for a while: a
+        safety net, which also raises what its background flush failed with."""
         now = time.monotonic()
         for sink in self.sinks:
             if sink.durable_lsn() >= self._handed_end_lsn:
+                continue
+            if not quiet and getattr(sink, "flushes_itself", False):
                 continue
             interval = float(getattr(sink, "flush_interval", 1.0))
             last = self._last_flush.get(id(sink), 0.0)
@@ -614,6 +620,8 @@ class Pipeline:
                     self.health.sink_flush_seconds.labels(sink.type_name).observe(
                         time.perf_counter() - t0
                     )
+                if self._latency is not None:
+                    self._latency.durable(min(s.durable_lsn() for s in self.sinks))
                 return
             except TransientSinkError as exc:
                 log.warning("sink flush failed; retrying", sink=sink.type_name, error=str(exc))
