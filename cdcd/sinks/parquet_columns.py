@@ -266,7 +266,8 @@ def _distinct(*columns: list[Any]) -> tuple[list[tuple[Any, ...]], pa.Array | No
     index = [seen.setdefault(k, len(seen)) for k in keys]
     first = {k: row for row, k in zip(range(n - 1, -1, -1), reversed(keys), strict=True)}
     rows = [first[k] for k in seen]
-    return [tuple(c[row] for c in columns) for row in rows], pa.array(index, pa.int32())
+    picked = [[c[row] for row in rows] for c in columns]
+    return list(zip(*picked, strict=True)), pa.array(index, pa.int32())
 
 
 def _spread(values: list[Any], index: pa.Array | None, n: int, t: pa.DataType) -> pa.Array:
