@@ -15,6 +15,7 @@ exist (:func:`install_source_only_finder`, called from ``cdcd/__init__.py``).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,7 +80,11 @@ def build(names: Sequence[str] = COMPILED_MODULES) -> list[Path]:
             for ext in target.parent.iterdir():
                 if ext.suffix in (".so", ".pyd") and ext.name.startswith(target.stem):
                     dest = source.with_name(ext.name)
-                    shutil.copyfile(ext, dest)
+                    # a new file renamed into place: a process that has the old one loaded
+                    # keeps its mapping (overwriting a loaded library in place crashes it)
+                    tmp = dest.with_name(f".{dest.name}.tmp")
+                    shutil.copyfile(ext, tmp)
+                    os.replace(tmp, dest)
                     built.append(dest)
     return built
 
