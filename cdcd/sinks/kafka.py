@@ -17,24 +17,38 @@ Logical decoding messages go to ``<prefix>.message`` keyed by ``{"prefix": <mess
 ``<prefix>.transaction`` keyed by ``{"id": "<xid>:<commit_lsn>"}``; END carries
 ``event_count`` and per-table ``data_collections`` counts (logical messages not counted).
 
-Ordering. The default partitioner hashes the key bytes, so one key always lands in one
-partition. aiokafka keeps at most one produce request in flight per broker connection and
-mutes a partition while its batch is in flight; a batch that fails with a retriable error is
-put back at the *front* of its partition's queue. So records of a partition reach the broker
-in send order even without idempotence. The one exception is a batch that expires (it waited
-longer than ``request_timeout``, e.g. during a long outage): aiokafka fails it while later
-batches may still succeed. The sink then *replays*: it waits until nothing is in flight and
-resends, in the original order, every record from the oldest unacknowledged one onward
-(including later records that did arrive). A consumer may therefore see a suffix twice, each
-copy carrying the same ``(commit_lsn, seq)``; deduplicating on it restores commit order. That is
-the at-least-once contract of :mod:`cdcd.sinks.base`.
+Batches. The sink builds Kafka record batches itself, one open batch per topic-partition
+(aiokafka's ``create_batch``/``send_batch``), instead of one ``send()`` per record: that path
+costs a coroutine, a future and a partitioner call per record. A record's partition is what
+Kafka's default partitioner gives its key (:mod:`cdcd.sinks.kafka_partition`: murmur2 of the
+key bytes, made positive, modulo the topic's partition count, learnt once per topic); a keyless
+record goes to a random partition. A batch is closed when the next record does not fit in
+``max_batch_size`` (a larger record goes alone in its batch). One submitter task hands batches
+to the producer in the order they were closed: closed ones at once, open ones ``linger_ms``
+after the oldest was started (at once while ``flush`` waits). ``send_batch`` waits while the
+producer still holds an unsent batch of that partition, so open batches grow meanwhile.
 
-Durability. Records and transaction ends form one ordered window. It advances from the front
-while the front record is acknowledged by the broker (``acks: all`` by default); passing a
-transaction end marks that transaction's ``end_lsn`` durable. So ``durable_lsn`` never passes
-a transaction with an unacknowledged record, nor one after it. The window is bounded by
-``buffer_records`` and ``buffer_bytes``: ``write`` waits for acknowledgements beyond them, which
-blocks the pipeline while the broker is away instead of growing memory.
+Ordering. One key always lands in one partition, and batches of a partition are handed over in
+order. aiokafka keeps at most one produce request in flight per broker connection and mutes a
+partition while its batch is in flight; a batch that fails with a retriable error is put back
+at the *front* of its partition's queue. So records of a partition reach the broker in order
+even without idempotence. The one exception is a batch that expires (it waited longer than
+``request_timeout``, e.g. during a long outage): aiokafka fails it while later batches may still
+succeed. The sink then *replays*: it waits until nothing is in flight and resends, in the
+original order, every batch from the oldest unacknowledged one onward (including later batches
+that did arrive). A consumer may therefore see a suffix twice, each copy carrying the same
+``(commit_lsn, seq)``; deduplicating on it restores commit order. That is the at-least-once
+contract of :mod:`cdcd.sinks.base`.
+
+Durability. Batches and transaction ends form one ordered window (a batch takes its place when
+its first record is added). It advances from the front while the front batch is acknowledged
+by the broker (``acks: all`` by default); passing a transaction end marks that transaction's
+``end_lsn`` durable. Every record of a transaction sits in a batch started before its end, so
+``durable_lsn`` never passes a transaction with an unacknowledged record, nor one after it. The
+window is bounded by ``buffer_records`` and ``buffer_bytes`` (key and value bytes plus 64 per
+record; what a record really holds in memory is about three times that): ``write`` waits for
+acknowledgements beyond them, which blocks the pipeline while the broker is away instead of
+growing memory.
 
 Failures. aiokafka's exceptions are translated in :meth:`KafkaSink._translate` only. Retriable
 ones (broker unavailable, timeouts, leader changes) are retried here with backoff, forever,
@@ -112,7 +126,7 @@ class KafkaSinkConfig(BaseModel):
     linger_ms: int = Field(default=5, ge=0)
     max_batch_size: ByteSize = Field(default=1 * MiB, ge=1024)
     max_request_size: ByteSize = Field(default=1 * MiB, ge=1024)
-    buffer_records: int = Field(default=100_000, ge=1)
+    buffer_records: int = Field(default=20_000, ge=1)
     buffer_bytes: ByteSize = Field(default=64 * MiB, ge=1024)
     create_topics: bool = True
     partitions: int = Field(default=1, ge=1)
@@ -140,9 +154,7 @@ class KafkaSinkConfig(BaseModel):
 # (commit_lsn, seq, lsn, suffix) or a marker's text, formatted only for an error message.
 _Where = tuple[int, int, int, str] | str
 _Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int, _Where]
-# What a record costs in memory beyond its key and value, for buffer_bytes: key and value are
-# counted twice (kept for a replay, and copied into the batch), plus Python's objects around them.
-_RECORD_OVERHEAD = 256
+_RECORD_OVERHEAD = 64  # what a record counts for buffer_bytes beyond its key and value
 _OP_BYTES = {op: op.encode() for op in "crudtm"}
 
 
@@ -463,8 +475,8 @@ class KafkaSink(Sink):
             partition = partitions[0]
         else:
             partition = partitions[partition_for(key, len(partitions))]
-        size = 2 * ((len(key) if key else 0) + (len(value) if value else 0)) + _RECORD_OVERHEAD
-        if size > self.config.max_request_size:
+        size = (len(key) if key else 0) + (len(value) if value else 0) + _RECORD_OVERHEAD
+        if size + 1024 > self.config.max_request_size:  # Kafka's estimate adds < 1 KiB
             self._check_size(topic, (key, value, headers, ts, where))
         tp = (topic, partition)
         batch = self._open.get(tp) or self._new_batch(topic, partition)

@@ -454,3 +454,131 @@ async def test_encoder_events_round_trip(kafka_broker: KafkaBroker) -> None:
     ]
     (message,) = await consume(kafka_broker.bootstrap, [f"{name}.message"], 1)
     assert message.key == b'{"prefix":"audit"}' and message.value == events[1].value_json()
+
+
+# --- the batch path: records grouped per topic-partition into record batches ------------------
+
+
+def positions_by_key(records: list[ConsumerRecord[bytes, bytes]]) -> dict[bytes, list[Any]]:
+    """Per key, the (commit_lsn, seq) of its records in partition-offset order."""
+    seen: dict[bytes, list[Any]] = {}
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        source = orjson.loads(r.value or b"")["source"]
+        seen.setdefault(r.key or b"", []).append((source["commit_lsn"], source["seq"]))
+    return seen
+
+
+async def write_all_durably(sink: KafkaSink, txns: list[tuple[Transaction, list[Event]]]) -> None:
+    """Start ``sink``, write ``txns``, flush: the last one is durable and nothing waits."""
+    await sink.start()
+    try:
+        for txn, events in txns:
+            await run_txn(sink, txn, events)
+        await sink.flush()
+        assert sink.durable_lsn() == txns[-1][0].end_lsn
+        assert sink.stats()["window_records"] == 0
+    finally:
+        await sink.close()
+
+
+async def test_batch_boundaries_and_a_record_larger_than_a_batch(kafka_broker: KafkaBroker) -> None:
+    """max_batch_size 1 KiB: every few records close a batch, mid-transaction and across
+    transactions; a 5 KB record goes alone in its batch. Everything arrives once, in order."""
+    name = unique_name()
+    sink = make_sink(kafka_broker, name, max_batch_size=1024, linger_ms=50, buffer_records=7)
+    build = TxnBuilder()
+    txns = []
+    for n in range(12):
+        changes = [("u", "orders", {"id": i % 4, "n": n, "pad": "p" * 100}) for i in range(n)]
+        txns.append(build.next(changes, big=5000 if n == 7 else 0))
+    written = [e.position for _, events in txns for e in events]
+    await write_all_durably(sink, txns)
+    records = await consume(kafka_broker.bootstrap, [f"{name}.public.orders"], len(written))
+    assert len(records) == len(written)
+    by_key = positions_by_key(records)
+    for key, positions in by_key.items():
+        assert positions == sorted(positions), key
+    assert sorted(p for positions in by_key.values() for p in positions) == written
+    assert max(len(r.value or b"") for r in records) > 5000
+
+
+async def test_partition_is_kafkas_default_for_the_key(kafka_broker: KafkaBroker) -> None:
+    """Keys land where Kafka's (and aiokafka's) default partitioner puts them; keyless records
+    (a table without a key) are spread over the partitions."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    name = unique_name()
+    sink = make_sink(kafka_broker, name, partitions=5, max_batch_size=2048)
+    changes = [("c", "orders", {"id": i, "name": f"n{i}"}) for i in range(200)]
+    txn, events = TxnBuilder().next(changes)
+    for e in events[100:]:
+        e.keyval = None
+    await write_all_durably(sink, [(txn, events)])
+    records = await consume(kafka_broker.bootstrap, [f"{name}.public.orders"], 200)
+    assert len(records) == 200
+    keyed = [r for r in records if r.key is not None]
+    assert len(keyed) == 100
+    partitions = list(range(5))
+    for r in keyed:
+        assert r.partition == DefaultPartitioner()(r.key, partitions, partitions), r.key
+    assert len({r.partition for r in records if r.key is None}) > 1
+
+
+async def test_broker_away_mid_transaction_nothing_durable(
+    restartable_kafka_broker: KafkaBroker,
+) -> None:
+    """The broker goes away after part of a multi-batch, multi-partition transaction was
+    acknowledged: its end is not durable (nor a later one) until every batch is acknowledged,
+    batches that expired meanwhile are replayed, and then everything is there."""
+    broker = restartable_kafka_broker
+    name = unique_name()
+    sink = make_sink(
+        broker,
+        name,
+        partitions=3,
+        max_batch_size=1024,
+        linger_ms=0,
+        request_timeout="2s",
+        retry_backoff="200ms",
+    )
+    await sink.start()
+    build = TxnBuilder()
+    try:
+        t1, e1 = build.next([("c", "orders", {"id": 0})])
+        await run_txn(sink, t1, e1)
+        await sink.flush()
+        changes = [("c", "orders", {"id": i, "pad": "p" * 200}) for i in range(1, 41)]
+        t2, e2 = build.next(changes)
+        await sink.begin(t2)
+        await sink.write(e2[:20])
+        for _ in range(200):
+            if sink.stats()["records_acked"] > 1:
+                break
+            await asyncio.sleep(0.05)
+        assert sink.stats()["records_acked"] > 1  # part of t2 is on the broker
+        await broker.stop()
+        await sink.write(e2[20:])
+        await sink.commit(t2)
+        t3, e3 = build.next([("c", "orders", {"id": 99})])  # a known topic: no admin call
+        await run_txn(sink, t3, e3)
+        flushing = asyncio.create_task(sink.flush())
+        await asyncio.sleep(4)  # past request_timeout: batches expire
+        assert not flushing.done()
+        assert sink.durable_lsn() == t1.end_lsn
+        await broker.start()
+        await asyncio.wait_for(flushing, 60)
+        assert sink.durable_lsn() == t3.end_lsn
+    finally:
+        await sink.close()
+    records = await consume(broker.bootstrap, [f"{name}.public.orders"], 42)
+    positions = {e.position for e in e1 + e2 + e3}
+    assert {
+        (
+            orjson.loads(r.value or b"")["source"]["commit_lsn"],
+            orjson.loads(r.value or b"")["source"]["seq"],
+        )
+        for r in records
+    } == positions
+    for key, seen in positions_by_key(records).items():
+        first = sorted(set(seen))
+        assert seen[: len(first)] == first, key  # commit order, then maybe a replayed suffix
