@@ -122,7 +122,8 @@ class KafkaSinkConfig(BaseModel):
     message_topic: str | None = None  # default: <prefix>.message
     acks: Literal["all", 1, 0] = "all"
     idempotence: bool = True
-    compression: Literal["lz4", "zstd", "gzip", "snappy", "none"] = "lz4"
+    # zstd: aiokafka compresses lz4 at level 9 (LZ4 HC), ~2.5x zstd's CPU for a worse ratio
+    compression: Literal["lz4", "zstd", "gzip", "snappy", "none"] = "zstd"
     linger_ms: int = Field(default=5, ge=0)
     max_batch_size: ByteSize = Field(default=1 * MiB, ge=1024)
     max_request_size: ByteSize = Field(default=1 * MiB, ge=1024)
