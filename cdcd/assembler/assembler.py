@@ -45,9 +45,11 @@ one whose first segment holds only catalog changes: ``ReorderBufferProcessTXN``)
 
 Memory: each buffered change is accounted as ``CHANGE_OVERHEAD`` bytes plus, per column of
 each row image, ``COLUMN_OVERHEAD`` bytes plus the raw value length (Message: its prefix and
-content). When :meth:`Assembler.feed` gets the message's bytes, the row images count as
-``COLUMN_OVERHEAD`` per column plus the message's length instead (an upper bound of the values'
-lengths, and cheaper to compute). Measured with tracemalloc on CPython 3.11, a three-column insert record takes
+content). When :meth:`Assembler.feed` gets the message's bytes, the change keeps them
+(``ChangeRecord.raw``: moving it to a spill file then costs no encoding) and its row images
+count as ``COLUMN_OVERHEAD`` per column plus the message's length (an upper bound of the values'
+lengths, and cheaper to compute), plus the kept bytes themselves (``BYTES_OVERHEAD`` plus their
+length). Measured with tracemalloc on CPython 3.11, a three-column insert record takes
 about 400 bytes against an estimate of ~420. When the total accounted bytes pass
 ``memory_limit``, the largest in-memory transactions are moved to spill files until the total
 is at or below the limit again; every later change of a spilled transaction is appended to
@@ -98,6 +100,8 @@ from cdcd.lsn import format_lsn
 CHANGE_OVERHEAD: Final = 256
 #: Accounted bytes per column of a row image besides the value itself (pointer, bytes header).
 COLUMN_OVERHEAD: Final = 48
+#: Accounted bytes of a bytes object besides its content (a change's kept pgoutput bytes).
+BYTES_OVERHEAD: Final = 40
 
 DEFAULT_MEMORY_LIMIT: Final = 256 << 20
 
@@ -561,14 +565,14 @@ class Assembler:
         if buf.spill is not None:
             buf.spill.append_raw(lsn, data, change.xid, (rel,))
             return
-        buf.records.append(ChangeRecord(lsn, change, (rel,)))
+        buf.records.append(ChangeRecord(lsn, change, (rel,), data))
         if isinstance(change, Insert):
             ncols = len(change.new.values)
         elif isinstance(change, Delete):
             ncols = len(change.old.values)
         else:
             ncols = len(change.new.values) + (0 if change.old is None else len(change.old.values))
-        size = CHANGE_OVERHEAD + COLUMN_OVERHEAD * ncols + len(data)
+        size = CHANGE_OVERHEAD + COLUMN_OVERHEAD * ncols + 2 * len(data) + BYTES_OVERHEAD
         buf.mem_bytes += size
         self._buffered += size
         if self._buffered > self._memory_limit and self._spill_dir is not None:

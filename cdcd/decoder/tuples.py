@@ -18,12 +18,17 @@ say which column was wrong.
 
 from __future__ import annotations
 
+import struct
 from typing import Final
 
 _TEXT: Final = 116  # 't'
 _BINARY: Final = 98  # 'b'
 _NULL: Final = 110  # 'n'
 _UNCHANGED_TOAST: Final = 117  # 'u'
+
+_U16: Final = struct.Struct("!H")
+_HEAD: Final = struct.Struct("!BI")  # kind, value length
+_SINGLE: Final = {_NULL: b"n", _UNCHANGED_TOAST: b"u"}
 
 
 class BadKind(Exception):
@@ -72,20 +77,15 @@ def build_tuple(kinds: bytes, values: tuple[bytes | None, ...]) -> bytes:
     ncols = len(kinds)
     if ncols != len(values) or ncols > 0xFFFF:
         raise ValueError(f"{ncols} kinds for {len(values)} values")
-    out = bytearray()
-    out.append(ncols >> 8)
-    out.append(ncols & 0xFF)
+    parts: list[bytes] = [_U16.pack(ncols)]
     for i in range(ncols):
         kind: int = kinds[i]
-        out.append(kind)
         if kind in (_TEXT, _BINARY):
             value = values[i]
             if value is None:
                 raise ValueError(f"column {i + 1}: kind {chr(kind)!r} without a value")
-            length = len(value)
-            out.append((length >> 24) & 0xFF)
-            out.append((length >> 16) & 0xFF)
-            out.append((length >> 8) & 0xFF)
-            out.append(length & 0xFF)
-            out += value
-    return bytes(out)
+            parts.append(_HEAD.pack(kind, len(value)))
+            parts.append(value)
+        else:
+            parts.append(_SINGLE[kind])
+    return b"".join(parts)
