@@ -112,10 +112,7 @@ class SpillFile:
         return self.tell()
 
     def append(self, record: ChangeRecord) -> None:
-        """Append one record (buffered); as its pgoutput bytes when it kept them."""
-        if record.raw is not None:
-            self.append_raw(record.lsn, record.raw, record.change.xid, record.relations)
-            return
+        """Append one record (buffered)."""
         body = _encode(record, self._relation_ids(record.relations))
         pending = self._pending
         pending += _U32.pack(len(body))

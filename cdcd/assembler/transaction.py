@@ -29,15 +29,12 @@ class ChangeRecord:
 
     ``lsn``: the change's own WAL position (XLogData ``wal_start``; Debezium's ``source.lsn``).
     ``relations``: for Insert/Update/Delete one Relation; for Truncate one per truncated
-    relation in message order; for a logical message none. ``raw``: the pgoutput bytes the
-    change was decoded from, when the assembler keeps them (a buffered change moved to a spill
-    file is then written as those bytes, not encoded again); not part of equality.
+    relation in message order; for a logical message none.
     """
 
     lsn: int
     change: Change
     relations: tuple[Relation, ...]
-    raw: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cdcd.assembler.assembler import Assembler
+from cdcd.assembler.assembler import Assembler, record_size
 from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.decoder.events import (
     KIND_BINARY,
@@ -51,6 +51,15 @@ def assemble(
     out = []
     for i, (lsn, msg) in enumerate(msgs):
         txn = asm.feed(msg, lsn, None if raw is None else raw[i])
+        if raw is not None:  # the accounting follows every append, drop and release
+            held = list(asm._buffers())
+            for buf in held:
+                if buf.spill is None:
+                    sizes = [
+                        record_size(r.change, b) for r, b in zip(buf.records, buf.raws, strict=True)
+                    ]
+                    assert buf.mem_bytes == sum(sizes)
+            assert asm.buffered_bytes == sum(buf.mem_bytes for buf in held)
         if txn is not None:
             out.append(txn)
     assert asm.idle, "every corpus scenario ends with nothing in flight"
@@ -142,7 +151,8 @@ def assemble_as_the_daemon(path: Path, asm: Assembler) -> list[Transaction]:
     "path", [pytest.param(p, id="/".join(p.parts[-3:])) for p in all_corpus_files()]
 )
 @pytest.mark.parametrize(
-    "variant", ["records", "raw", "raw-some-in-memory", "daemon", "daemon-some-in-memory"]
+    "variant",
+    ["records", "raw", "raw-some-in-memory", "raw-in-memory", "daemon", "daemon-some-in-memory"],
 )
 def test_every_file_assembles_and_spilling_changes_nothing(
     path: Path, variant: str, tmp_path: Path
@@ -160,7 +170,7 @@ def test_every_file_assembles_and_spilling_changes_nothing(
         limit = 0 if variant == "daemon" else 2000
         spilled = assemble_as_the_daemon(path, Assembler(memory_limit=limit, spill_dir=tmp_path))
     else:
-        limit = 0 if variant == "raw" else 2000
+        limit = {"raw": 0, "raw-some-in-memory": 2000, "raw-in-memory": 1 << 40}[variant]
         spilled = assemble(msgs, Assembler(memory_limit=limit, spill_dir=tmp_path), raw)
     assert [(t.kind, t.xid, t.gid, t.commit_lsn, t.end_lsn, t.size) for t in spilled] == [
         (t.kind, t.xid, t.gid, t.commit_lsn, t.end_lsn, t.size) for t in plain
