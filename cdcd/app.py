@@ -166,6 +166,8 @@ class Pipeline:
         self._queue: asyncio.Queue[Transaction | None] = asyncio.Queue(
             maxsize=config.buffer.queue_transactions
         )
+        self._queued_bytes = 0  # Transaction.mem_bytes of the queued transactions
+        self._queue_room = asyncio.Event()
         self._confirmed = Progress()
         self._received = Progress()
         # End LSN of the last transaction queued for the sinks. Not the commit LSN: a
@@ -489,7 +491,7 @@ class Pipeline:
                     self._queued_end_lsn = txn.end_lsn
                     if cap is not None:
                         self._prepared_caps.append((cap, txn.end_lsn))
-                    await self._queue.put(txn)
+                    await self._enqueue(txn)
                 else:  # PrimaryKeepalive
                     self._keepalive_lsn = max(self._keepalive_lsn, item.wal_end)
                     stats.server_wal_end = max(stats.server_wal_end, item.wal_end)
@@ -512,6 +514,17 @@ class Pipeline:
             self._session_lsn = streamed
             if self._stop.is_set():
                 return
+
+    async def _enqueue(self, txn: Transaction) -> None:
+        """Hand ``txn`` to the writer. Besides ``buffer.queue_transactions``, the memory of the
+        committed transactions waiting for the sinks is bounded by ``buffer.memory_limit``
+        (one transaction always fits): reading pauses until the writer has released enough."""
+        limit = self.config.buffer.memory_limit
+        while self._queued_bytes and self._queued_bytes + txn.mem_bytes > limit:
+            self._queue_room.clear()
+            await self._queue_room.wait()
+        self._queued_bytes += txn.mem_bytes
+        await self._queue.put(txn)
 
     def _log_two_phase(self, msg: Any, lsn: int, unknown: bool) -> None:
         """Debug trace of prepared transactions. A Commit Prepared whose GID was not held
@@ -574,6 +587,8 @@ class Pipeline:
                     spent[i] += clock() - t0
             finally:
                 txn.release()
+                self._queued_bytes -= txn.mem_bytes
+                self._queue_room.set()
             if self.health is not None:
                 for i, sink in enumerate(sinks):
                     self.health.sink_write_seconds.labels(sink.type_name).observe(spent[i])

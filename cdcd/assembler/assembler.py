@@ -658,6 +658,7 @@ class Assembler:
         )
         spill = buf.spill
         if spill is None:
+            txn.mem_bytes = buf.mem_bytes
             txn._records = buf.records
             buf.raws = []  # needed only while the transaction might still spill
         else:

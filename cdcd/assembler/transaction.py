@@ -44,7 +44,9 @@ class Transaction:
     ``commit_time`` is microseconds since the PostgreSQL epoch. ``origin`` is the name from an
     Origin message when the transaction was replicated from elsewhere. ``gid`` is set for a
     two-phase transaction (released at Commit Prepared, with that message's LSNs and time).
-    ``size`` is the number of changes.
+    ``size`` is the number of changes. ``mem_bytes`` is the memory its in-memory changes were
+    accounted by the assembler (0 when they live in a spill file): what it holds until
+    :meth:`release`.
     """
 
     kind: TransactionKind
@@ -56,6 +58,7 @@ class Transaction:
     origin: str | None = None
     origin_lsn: int | None = None
     gid: str | None = None
+    mem_bytes: int = 0
     _reader: Callable[[], Iterator[ChangeRecord]] | None = field(default=None, repr=False)
     _records: list[ChangeRecord] | None = field(default=None, repr=False)
     _on_release: Callable[[], None] | None = field(default=None, repr=False)
