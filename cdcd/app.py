@@ -449,6 +449,7 @@ class Pipeline:
             # before its position. The session position moves once the whole batch is fed (while
             # the reader waits for room in the queue the acker sees a lower, safe value).
             streamed = self._session_lsn
+            keepalives = 0
             for item in batch:
                 if type(item) is tuple:
                     lsn, wal_end, _, data = item
@@ -493,6 +494,7 @@ class Pipeline:
                         self._prepared_caps.append((cap, txn.end_lsn))
                     await self._enqueue(txn)
                 else:  # PrimaryKeepalive
+                    keepalives += 1
                     self._keepalive_lsn = max(self._keepalive_lsn, item.wal_end)
                     stats.server_wal_end = max(stats.server_wal_end, item.wal_end)
                     self._received.advance(item.wal_end)
@@ -509,7 +511,7 @@ class Pipeline:
                         self._session_lsn = streamed
                         self._reach_endpos()
                         return
-            stats.received_messages += sum(type(item) is tuple for item in batch)
+            stats.received_messages += len(batch) - keepalives
             self._received.advance(streamed)
             self._session_lsn = streamed
             if self._stop.is_set():

@@ -532,11 +532,15 @@ class Assembler:
         buf.subxacts.append(_Subxact(xid, buf.count, buf.seq, offset))
         buf.subxact_ids.add(xid)
 
-    def _append(self, buf: _Buffer, record: ChangeRecord, xid: int | None) -> None:
+    def _count_change(self, buf: _Buffer, xid: int | None) -> None:
+        """One more change in ``buf`` (and, streamed, in the subtransaction ``xid``)."""
         if buf.kind == "stream":
             self._note_subxact(buf, xid)
             buf.seq += 1
         buf.count += 1
+
+    def _append(self, buf: _Buffer, record: ChangeRecord, xid: int | None) -> None:
+        self._count_change(buf, xid)
         if buf.spill is not None:
             buf.spill.append(record)
             return
@@ -565,16 +569,13 @@ class Assembler:
             if len(data) < 9:
                 return False
             xid, oid = _XID_OID.unpack_from(data, 1)
-            if buf.kind == "stream":
-                self._note_subxact(buf, xid)
-                buf.seq += 1
         else:
             if len(data) < 5:
                 return False
             xid = None
             (oid,) = _OID.unpack_from(data, 1)
         rel = self._relation(buf, oid, lsn)
-        buf.count += 1
+        self._count_change(buf, xid)
         buf.spill.append_raw(lsn, data, xid, (rel,))
         return True
 
@@ -582,10 +583,7 @@ class Assembler:
         self, buf: _Buffer, lsn: int, change: Insert | Update | Delete, rel: Relation, data: bytes
     ) -> None:
         """_append for a change with its pgoutput bytes (the hot path of :meth:`feed`)."""
-        if buf.kind == "stream":
-            self._note_subxact(buf, change.xid)
-            buf.seq += 1
-        buf.count += 1
+        self._count_change(buf, change.xid)
         if buf.spill is not None:
             buf.spill.append_raw(lsn, data, change.xid, (rel,))
             return
