@@ -456,7 +456,7 @@ class Pipeline:
                     stats.received_bytes += len(data)
                     if wal_end > streamed:
                         streamed = wal_end
-                    if assembler.feed_spilled_change(data, lsn, streamed=decoder.in_stream):
+                    if assembler.feed_undecoded(data, lsn, streamed=decoder.in_stream):
                         continue  # decoded when the spilled transaction is read back
                     msg = decoder.decode(data, lsn)
                     kind = type(msg)

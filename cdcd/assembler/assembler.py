@@ -43,18 +43,25 @@ blocks; Stream Commit / Prepare and continuation segments only for an xid being 
 (the server sends Stream Start before the first change of every streamed transaction, even
 one whose first segment holds only catalog changes: ``ReorderBufferProcessTXN``).
 
-Memory: each buffered change is accounted as ``CHANGE_OVERHEAD`` bytes plus, per column of
-each row image, ``COLUMN_OVERHEAD`` bytes plus the raw value length (Message: its prefix and
-content). When :meth:`Assembler.feed` gets the message's bytes, the change keeps them
-(moving it to a spill file then costs no encoding; dropped once released) and its row images
-count as ``COLUMN_OVERHEAD`` per column plus the message's length (an upper bound of the values'
-lengths, and cheaper to compute), plus the kept bytes themselves (``BYTES_OVERHEAD`` plus their
-length). Measured with tracemalloc on CPython 3.11, a three-column insert record takes
-about 400 bytes against an estimate of ~420. When the total accounted bytes pass
-``memory_limit``, the largest in-memory transactions are moved to spill files until the total
-is at or below the limit again; every later change of a spilled transaction is appended to
-its file, through a write buffer of ``spill.DEFAULT_BUFFER_SIZE`` (1 MiB) that is not counted.
-So after each :meth:`Assembler.feed` the accounted bytes are at most ``memory_limit``.
+Memory: a transaction is buffered as decoded records until they are accounted more than
+``COMPACT_BYTES``; then it moves to the compact form, a :class:`~cdcd.assembler.spill.SpillFile`
+held in memory (its changes as their pgoutput bytes, decoded again when released), accounted
+as the stream's length. Every later change of the transaction is appended there undecoded
+(:meth:`Assembler.feed_undecoded`), so a large transaction costs about its pgoutput bytes
+rather than several times that, and each change is decoded once. A decoded record is
+accounted as ``CHANGE_OVERHEAD`` bytes plus, per column of each row image,
+``COLUMN_OVERHEAD`` bytes plus the raw value length (Message: its prefix and content). When
+:meth:`Assembler.feed` gets the message's bytes, the change keeps them (moving it to the
+compact form then costs no encoding; dropped once released) and its row images count as
+``COLUMN_OVERHEAD`` per column plus the message's length (an upper bound of the values'
+lengths, and cheaper to compute), plus the kept bytes themselves (``BYTES_OVERHEAD`` plus
+their length). Measured with tracemalloc on CPython 3.11, a three-column insert record
+takes about 400 bytes against an estimate of ~420. When the total accounted bytes pass
+``memory_limit``, the largest in-memory transactions are moved to spill files until the
+total is at or below the limit again; every later change of a spilled transaction is
+appended to its file, through a write buffer of ``spill.DEFAULT_BUFFER_SIZE`` (1 MiB) that is
+not counted. So after each :meth:`Assembler.feed` the accounted bytes are at most
+``memory_limit``.
 """
 
 from __future__ import annotations
@@ -103,6 +110,9 @@ COLUMN_OVERHEAD: Final = 48
 #: Accounted bytes of a bytes object besides its content (a change's kept pgoutput bytes).
 BYTES_OVERHEAD: Final = 40
 
+#: Accounted bytes of decoded records beyond which a transaction moves to the compact form.
+COMPACT_BYTES: Final = 1 << 20
+
 DEFAULT_MEMORY_LIMIT: Final = 256 << 20
 
 _OID: Final = struct.Struct("!I")  # pgoutput change header: relation OID
@@ -118,11 +128,12 @@ class _Subxact:
     xid: int
     index: int  # changes buffered before it
     seq: int  # spooled items (changes, Relation and Type messages) before it
-    offset: int | None  # spill file offset of its first change, once it is on disk
+    offset: int | None  # spill stream offset of its first change, once in spill format
 
 
 class _Buffer:
-    """One transaction being assembled: in memory, or (once spilled) in a spill file."""
+    """One transaction being assembled: as decoded records, or (once large) in spill format,
+    in memory (compact) or in a spill file."""
 
     __slots__ = (
         "count",
@@ -213,8 +224,9 @@ class Assembler:
 
     ``memory_limit``: accounted bytes of buffered changes beyond which transactions spill to
     ``spill_dir``; with ``spill_dir=None`` nothing spills (unbounded; for tests). Stale
-    spill files in ``spill_dir`` are deleted at construction. ``on_type`` receives every
-    Type message.
+    spill files in ``spill_dir`` are deleted at construction. ``compact_bytes``: accounted
+    bytes of a transaction's decoded records beyond which it moves to the compact form.
+    ``on_type`` receives every Type message.
     """
 
     def __init__(
@@ -222,9 +234,11 @@ class Assembler:
         *,
         memory_limit: int = DEFAULT_MEMORY_LIMIT,
         spill_dir: Path | None = None,
+        compact_bytes: int = COMPACT_BYTES,
         on_type: Callable[[Type], None] | None = None,
     ) -> None:
         self._memory_limit = memory_limit
+        self._compact_bytes = compact_bytes
         self._spill_dir = spill_dir
         self._on_type = on_type
         self._relations: dict[int, Relation] = {}
@@ -279,7 +293,11 @@ class Assembler:
     @property
     def spilled_bytes(self) -> int:
         """Bytes in the spill files of transactions not yet released."""
-        return sum(buf.spill.size for buf in self._buffers() if buf.spill is not None)
+        return sum(
+            buf.spill.size
+            for buf in self._buffers()
+            if buf.spill is not None and not buf.spill.in_memory
+        )
 
     @property
     def open_streams(self) -> int:
@@ -304,8 +322,8 @@ class Assembler:
         """Take one message (``lsn``: its XLogData ``wal_start``); return what it releases.
 
         ``data``: the pgoutput bytes ``msg`` was decoded from, when the caller has them. A
-        spilled transaction then stores an Insert, Update or Delete as those bytes, and its
-        memory is accounted from their length (see the module docstring).
+        transaction in spill format then stores an Insert, Update or Delete as those bytes,
+        and its memory is accounted from their length (see the module docstring).
         """
         match msg:
             case Insert() | Update() | Delete():
@@ -454,8 +472,12 @@ class Assembler:
             buf.subxact_ids.discard(later.xid)
         del buf.subxacts[position:]
         if buf.spill is not None:
-            assert sub.offset is not None, "a spilled subtransaction has an offset"
+            assert sub.offset is not None, "a subtransaction in spill format has an offset"
             buf.spill.truncate(sub.offset)
+            if buf.spill.in_memory:
+                dropped = buf.mem_bytes - buf.spill.tell()
+                buf.mem_bytes -= dropped
+                self._buffered -= dropped
         else:
             dropped = sum(
                 record_size(r.change, raw)
@@ -541,23 +563,32 @@ class Assembler:
 
     def _append(self, buf: _Buffer, record: ChangeRecord, xid: int | None) -> None:
         self._count_change(buf, xid)
-        if buf.spill is not None:
-            buf.spill.append(record)
+        spill = buf.spill
+        if spill is not None:
+            size = spill.append(record)
+            if spill.in_memory:
+                self._grow(buf, size)
             return
         buf.records.append(record)
         buf.raws.append(None)
-        size = change_size(record.change)
+        self._grow(buf, change_size(record.change))
+
+    def _grow(self, buf: _Buffer, size: int) -> None:
+        """Account ``size`` more bytes to ``buf`` held in memory; compact, spill if needed."""
         buf.mem_bytes += size
         self._buffered += size
+        if buf.spill is None and buf.mem_bytes > self._compact_bytes:
+            self._compact(buf)
         if self._buffered > self._memory_limit and self._spill_dir is not None:
             self._spill_until_under(self._spill_dir)
 
-    def feed_spilled_change(self, data: bytes, lsn: int, *, streamed: bool) -> bool:
+    def feed_undecoded(self, data: bytes, lsn: int, *, streamed: bool) -> bool:
         """Take an Insert, Update or Delete as pgoutput bytes, undecoded, if it belongs to a
-        transaction that already spilled; return whether it was taken.
+        transaction in spill format (compact in memory, or spilled); return whether it was
+        taken.
 
-        A spilled transaction stores its changes as their pgoutput bytes and decodes them
-        when it is read back, so decoding them on arrival as well would be wasted. Only the
+        Such a transaction stores its changes as their pgoutput bytes and decodes them when
+        it is read back, so decoding them on arrival as well would be wasted. Only the
         relation OID (and, ``streamed``: inside a stream block, the xid) is read here; a
         malformed change surfaces when the transaction is read back, with its tag and LSN.
         When this returns False, decode ``data`` and :meth:`feed` it as usual.
@@ -576,7 +607,10 @@ class Assembler:
             (oid,) = _OID.unpack_from(data, 1)
         rel = self._relation(buf, oid, lsn)
         self._count_change(buf, xid)
-        buf.spill.append_raw(lsn, data, xid, (rel,))
+        spill = buf.spill
+        size = spill.append_raw(lsn, data, xid, (rel,))
+        if spill.in_memory:
+            self._grow(buf, size)
         return True
 
     def _append_change(
@@ -584,16 +618,15 @@ class Assembler:
     ) -> None:
         """_append for a change with its pgoutput bytes (the hot path of :meth:`feed`)."""
         self._count_change(buf, change.xid)
-        if buf.spill is not None:
-            buf.spill.append_raw(lsn, data, change.xid, (rel,))
+        spill = buf.spill
+        if spill is not None:
+            size = spill.append_raw(lsn, data, change.xid, (rel,))
+            if spill.in_memory:
+                self._grow(buf, size)
             return
         buf.records.append(ChangeRecord(lsn, change, (rel,)))
         buf.raws.append(data)
-        size = record_size(change, data)
-        buf.mem_bytes += size
-        self._buffered += size
-        if self._buffered > self._memory_limit and self._spill_dir is not None:
-            self._spill_until_under(self._spill_dir)
+        self._grow(buf, record_size(change, data))
 
     def _spill_until_under(self, spill_dir: Path) -> None:
         while self._buffered > self._memory_limit:
@@ -603,8 +636,19 @@ class Assembler:
             self._spill(largest, spill_dir)
 
     def _spill(self, buf: _Buffer, spill_dir: Path) -> None:
-        name = f"{SPILL_PREFIX}{next(self._file_numbers)}{SPILL_SUFFIX}"
-        spill = buf.spill = SpillFile(spill_dir / name)
+        """Move ``buf`` to a new spill file; it holds no accounted memory afterwards."""
+        if buf.spill is None:
+            self._compact(buf)
+        spill = buf.spill
+        assert spill is not None and spill.in_memory
+        spill.move_to(spill_dir / f"{SPILL_PREFIX}{next(self._file_numbers)}{SPILL_SUFFIX}")
+        self._buffered -= buf.mem_bytes
+        buf.mem_bytes = 0
+        self.spill_count += 1
+
+    def _compact(self, buf: _Buffer) -> None:
+        """Move ``buf``'s decoded records into a spill stream held in memory."""
+        spill = buf.spill = SpillFile(None)
         pending = iter([sub for sub in buf.subxacts if sub.offset is None])
         sub = next(pending, None)
         for index, (record, raw) in enumerate(zip(buf.records, buf.raws, strict=True)):
@@ -618,11 +662,10 @@ class Assembler:
         while sub is not None:  # first seen after the last change so far (a Relation)
             sub.offset = spill.tell()
             sub = next(pending, None)
-        self._buffered -= buf.mem_bytes
-        buf.mem_bytes = 0
+        self._buffered += spill.tell() - buf.mem_bytes
+        buf.mem_bytes = spill.tell()
         buf.records = []
         buf.raws = []
-        self.spill_count += 1
 
     def _discard(self, buf: _Buffer) -> None:
         self._buffered -= buf.mem_bytes
@@ -630,7 +673,8 @@ class Assembler:
         buf.records = []
         buf.raws = []
         if buf.spill is not None:
-            self.total_spilled_bytes += buf.spill.size
+            if not buf.spill.in_memory:
+                self.total_spilled_bytes += buf.spill.size
             buf.spill.delete()
             buf.spill = None
 
@@ -661,7 +705,10 @@ class Assembler:
             buf.raws = []  # needed only while the transaction might still spill
         else:
             spill.finish()
-            self.total_spilled_bytes += spill.size
+            if spill.in_memory:
+                txn.mem_bytes = buf.mem_bytes
+            else:
+                self.total_spilled_bytes += spill.size
             txn._reader = spill.reader()
             txn._on_release = spill.delete
         return txn

@@ -1,11 +1,14 @@
-"""Spill files: one append-only file per buffered transaction that outgrew memory.
+"""Spill format: a large buffered transaction's changes as one append-only byte stream.
 
-The assembler (:mod:`cdcd.assembler.assembler`) moves a transaction's changes here once the
-memory it accounts for passes its limit; later changes of that transaction are appended. The
-file is read back, in order, when the transaction is released, and deleted when the
-transaction is released, aborted or rolled back. Nothing here survives a restart: the server
-resends every transaction that was not confirmed, so stale files are simply removed
-(:func:`remove_stale`).
+The assembler (:mod:`cdcd.assembler.assembler`) keeps a small transaction as decoded
+records. Once a transaction grows large, its changes move into a :class:`SpillFile`, which
+first holds the stream in memory: the compact form, about the size of the pgoutput bytes,
+against several times that for decoded objects, and with nothing decoded until release. When
+the memory the assembler accounts for passes its limit, :meth:`SpillFile.move_to` writes the
+stream to a file and later changes are appended there. The stream is read back, in order,
+when the transaction is released, and dropped (the file deleted) when the transaction is
+released, aborted or rolled back. Nothing here survives a restart: the server resends every
+transaction that was not confirmed, so stale files are simply removed (:func:`remove_stale`).
 
 Invariants:
 
@@ -23,8 +26,10 @@ Invariants:
   the decoder's fast path. A change appended with the bytes it was decoded from
   (:meth:`SpillFile.append_raw`) is stored as those very bytes; one moved from memory is
   re-encoded (:func:`cdcd.decoder.tuples.build_tuple`).
-- Writes are buffered (``buffer_size``, 1 MiB by default): memory held by a spilled
-  transaction is at most that buffer plus the relation table.
+- In memory, the stream is kept in sealed chunks of about ``buffer_size`` bytes plus one
+  open buffer: what it holds is :meth:`SpillFile.tell` bytes plus a small overhead per
+  chunk. On disk, writes are buffered (``buffer_size``, 1 MiB by default): memory held by a
+  spilled transaction is at most that buffer plus the relation table.
 - I/O errors surface as :class:`OSError` (disk full, permission): the caller decides.
 
 Record format (all integers little-endian)::
@@ -88,20 +93,33 @@ def remove_stale(spill_dir: Path) -> int:
 
 
 class SpillFile:
-    """An append-only file of one transaction's change records."""
+    """One transaction's change records in spill format: in memory, or (``path``) in a file."""
 
-    __slots__ = ("_buffer_size", "_fd", "_flushed", "_pending", "_rel_index", "_rels", "path")
+    __slots__ = (
+        "_buffer_size",
+        "_chunks",
+        "_fd",
+        "_flushed",
+        "_pending",
+        "_rel_index",
+        "_rels",
+        "in_memory",
+        "path",
+    )
 
-    def __init__(self, path: Path, *, buffer_size: int = DEFAULT_BUFFER_SIZE) -> None:
+    def __init__(self, path: Path | None, *, buffer_size: int = DEFAULT_BUFFER_SIZE) -> None:
+        """A new, empty stream: in a file created at ``path``, or in memory when it is None."""
         self.path = path
         self._buffer_size = buffer_size
-        self._fd: int | None = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600
-        )
-        self._flushed = 0
+        self._fd: int | None = None
+        self._chunks: list[bytes] = []  # in memory: the sealed part of the stream
+        self.in_memory = path is None
+        self._flushed = 0  # bytes before _pending: in _chunks (in memory) or in the file
         self._pending = bytearray()
         self._rels: list[Relation] = []
         self._rel_index: dict[int, int] = {}  # id(Relation) -> index in _rels
+        if path is not None:
+            self._fd = _create(path)
 
     def tell(self) -> int:
         """The offset the next appended record will start at (= the bytes appended so far)."""
@@ -111,24 +129,39 @@ class SpillFile:
     def size(self) -> int:
         return self.tell()
 
-    def append(self, record: ChangeRecord) -> None:
-        """Append one record (buffered)."""
+    def move_to(self, path: Path) -> None:
+        """Write the stream held in memory to a file created at ``path``; later records are
+        appended there."""
+        if not self.in_memory:
+            raise ValueError(f"spill stream is already in {self.path}")
+        self._fd = _create(path)
+        self.path = path
+        self.in_memory = False
+        for chunk in self._chunks:
+            _write_all(self._fd, chunk)
+        self._chunks = []
+
+    def append(self, record: ChangeRecord) -> int:
+        """Append one record (buffered); return the bytes it takes in the stream."""
         body = _encode(record, self._relation_ids(record.relations))
         pending = self._pending
         pending += _U32.pack(len(body))
         pending += body
         if len(pending) >= self._buffer_size:
             self._flush()
+        return 4 + len(body)
 
     def append_raw(
         self, lsn: int, data: bytes, xid: int | None, relations: tuple[Relation, ...]
-    ) -> None:
+    ) -> int:
         """Append the Insert/Update/Delete decoded from ``data`` (an XLogData payload) at
-        ``lsn``; ``xid`` is the change's xid (not None: received inside a stream block)."""
+        ``lsn``; ``xid`` is the change's xid (not None: received inside a stream block).
+        Return the bytes it takes in the stream."""
         rel_ids = self._relation_ids(relations)
         head = _HEAD.pack(_TAG_RAW, lsn, xid is not None, xid or 0, len(rel_ids))
+        length = len(head) + 4 * len(rel_ids) + len(data)
         pending = self._pending
-        pending += _U32.pack(len(head) + 4 * len(rel_ids) + len(data))
+        pending += _U32.pack(length)
         pending += head
         if len(rel_ids) == 1:
             pending += _U32.pack(rel_ids[0])
@@ -137,6 +170,7 @@ class SpillFile:
         pending += data
         if len(pending) >= self._buffer_size:
             self._flush()
+        return 4 + length
 
     def truncate(self, offset: int) -> None:
         """Drop every record appended at or after ``offset`` (a value of :meth:`tell`)."""
@@ -144,20 +178,41 @@ class SpillFile:
             del self._pending[offset - self._flushed :]
             return
         self._pending.clear()
-        os.ftruncate(self._writer(), offset)
+        if self.in_memory:
+            kept: list[bytes] = []
+            start = 0
+            for chunk in self._chunks:
+                if start + len(chunk) >= offset:
+                    kept.append(chunk[: offset - start])
+                    break
+                kept.append(chunk)
+                start += len(chunk)
+            self._chunks = kept
+        else:
+            os.ftruncate(self._writer(), offset)
         self._flushed = offset
 
     def finish(self) -> None:
-        """Flush and close for writing; the file stays readable until :meth:`delete`."""
-        if self._fd is not None:
+        """Flush and close for writing; the stream stays readable until :meth:`delete`."""
+        if self.in_memory:
+            self._flush()
+        elif self._fd is not None:
             self._flush()
             os.close(self._fd)
             self._fd = None
 
     def reader(self) -> Callable[[], Iterator[ChangeRecord]]:
         """A function returning a fresh iterator over the records (after :meth:`finish`)."""
-        path = self.path
         rels = tuple(self._rels)
+        if self.in_memory:
+            chunks = self._chunks
+
+            def read_memory() -> Iterator[ChangeRecord]:
+                return _records(iter(chunks), rels, "in-memory spill stream")
+
+            return read_memory
+        path = self.path
+        assert path is not None
 
         def read() -> Iterator[ChangeRecord]:
             return _read(path, rels)
@@ -165,12 +220,14 @@ class SpillFile:
         return read
 
     def delete(self) -> None:
-        """Close and remove the file; safe to call more than once."""
+        """Drop the stream (close and remove the file); safe to call more than once."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         self._pending = bytearray()
-        self.path.unlink(missing_ok=True)
+        self._chunks = []
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
     def _writer(self) -> int:
         if self._fd is None:
@@ -178,15 +235,15 @@ class SpillFile:
         return self._fd
 
     def _flush(self) -> None:
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             return
-        fd = self._writer()
-        view = memoryview(self._pending)
-        while view:
-            view = view[os.write(fd, view) :]
-        view.release()
-        self._flushed += len(self._pending)
-        self._pending.clear()
+        if self.in_memory:
+            self._chunks.append(bytes(pending))
+        else:
+            _write_all(self._writer(), pending)
+        self._flushed += len(pending)
+        pending.clear()
 
     def _relation_ids(self, relations: tuple[Relation, ...]) -> list[int]:
         ids = []
@@ -197,6 +254,17 @@ class SpillFile:
                 self._rels.append(rel)
             ids.append(index)
         return ids
+
+
+def _create(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+
+
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    with memoryview(data) as whole:
+        view = whole
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 # --- encoding ----------------------------------------------------------------------------------
@@ -256,26 +324,31 @@ def _tuple(tup: TupleData) -> bytes:
 
 def _read(path: Path, rels: tuple[Relation, ...]) -> Iterator[ChangeRecord]:
     """The records of ``path`` in order, reading ``DEFAULT_BUFFER_SIZE`` bytes at a time."""
-    unpack_len = _U32.unpack_from
     with path.open("rb", buffering=0) as f:
-        chunk = b""
+        chunks = iter(lambda: f.read(DEFAULT_BUFFER_SIZE), b"")
+        yield from _records(chunks, rels, f"spill file {path}")
+
+
+def _records(
+    chunks: Iterator[bytes], rels: tuple[Relation, ...], where: str
+) -> Iterator[ChangeRecord]:
+    """The records of a stream given as consecutive chunks (a record may span chunks)."""
+    unpack_len = _U32.unpack_from
+    chunk = b""
+    pos = 0
+    for more in chunks:
+        chunk = chunk[pos:] + more if pos < len(chunk) else more
         pos = 0
-        while True:
-            more = f.read(max(DEFAULT_BUFFER_SIZE, 4))
-            if not more:
-                if pos != len(chunk):
-                    raise ValueError(f"spill file {path} is truncated")
-                return
-            chunk = chunk[pos:] + more if pos < len(chunk) else more
-            pos = 0
-            end = len(chunk)
-            while pos + 4 <= end:
-                (length,) = unpack_len(chunk, pos)
-                stop = pos + 4 + length
-                if stop > end:
-                    break
-                yield _decode(chunk[pos + 4 : stop], rels)
-                pos = stop
+        end = len(chunk)
+        while pos + 4 <= end:
+            (length,) = unpack_len(chunk, pos)
+            stop = pos + 4 + length
+            if stop > end:
+                break
+            yield _decode(chunk[pos + 4 : stop], rels)
+            pos = stop
+    if pos != len(chunk):
+        raise ValueError(f"{where} is truncated")
 
 
 def _decode(body: bytes, rels: tuple[Relation, ...]) -> ChangeRecord:

@@ -59,6 +59,10 @@ def assemble(
                         record_size(r.change, b) for r, b in zip(buf.records, buf.raws, strict=True)
                     ]
                     assert buf.mem_bytes == sum(sizes)
+                elif buf.spill.in_memory:
+                    assert buf.mem_bytes == buf.spill.tell()
+                else:
+                    assert buf.mem_bytes == 0
             assert asm.buffered_bytes == sum(buf.mem_bytes for buf in held)
         if txn is not None:
             out.append(txn)
@@ -137,7 +141,7 @@ def assemble_as_the_daemon(path: Path, asm: Assembler) -> list[Transaction]:
     out = []
     undecoded = 0
     for lsn, _xid, data in rows:
-        if asm.feed_spilled_change(data, lsn, streamed=decoder.in_stream):
+        if asm.feed_undecoded(data, lsn, streamed=decoder.in_stream):
             undecoded += 1
             continue
         txn = asm.feed(decoder.decode(data, lsn), lsn, data)
@@ -152,7 +156,17 @@ def assemble_as_the_daemon(path: Path, asm: Assembler) -> list[Transaction]:
 )
 @pytest.mark.parametrize(
     "variant",
-    ["records", "raw", "raw-some-in-memory", "raw-in-memory", "daemon", "daemon-some-in-memory"],
+    [
+        "records",
+        "raw",
+        "raw-some-in-memory",
+        "raw-in-memory",
+        "daemon",
+        "daemon-some-in-memory",
+        "compact",
+        "daemon-compact",
+        "daemon-compact-then-spill",
+    ],
 )
 def test_every_file_assembles_and_spilling_changes_nothing(
     path: Path, variant: str, tmp_path: Path
@@ -160,12 +174,19 @@ def test_every_file_assembles_and_spilling_changes_nothing(
     """Spilling gives the very same transactions: changes encoded field by field ("records"),
     kept as the pgoutput bytes they came as ("raw"), and both in one file (the changes in
     memory when the transaction spills are encoded, the later ones raw), and as the daemon
-    feeds them (the changes of a spilled transaction undecoded)."""
+    feeds them (the changes of a spilled transaction undecoded). So does the compact form in
+    memory (every transaction with a change goes compact at once), alone and then spilled."""
     _header, msgs = decoded(path)
     raw = [data for _lsn, _xid, data in load_corpus(path)[1]]
     plain = assemble(msgs)
     if variant == "records":
         spilled = assemble(msgs, Assembler(memory_limit=0, spill_dir=tmp_path))
+    elif variant == "compact":
+        spilled = assemble(msgs, Assembler(memory_limit=1 << 40, compact_bytes=0), raw)
+    elif variant.startswith("daemon-compact"):
+        limit = 1 << 40 if variant == "daemon-compact" else 2000
+        asm = Assembler(memory_limit=limit, spill_dir=tmp_path, compact_bytes=0)
+        spilled = assemble_as_the_daemon(path, asm)
     elif variant.startswith("daemon"):
         limit = 0 if variant == "daemon" else 2000
         spilled = assemble_as_the_daemon(path, Assembler(memory_limit=limit, spill_dir=tmp_path))

@@ -546,6 +546,60 @@ def test_accounting_stays_under_limit(tmp_path: Path) -> None:
     assert asm.spill_count >= 1
 
 
+def test_large_transaction_goes_compact_in_memory_then_spills(tmp_path: Path) -> None:
+    """Past ``compact_bytes`` a transaction is held in spill format in memory, accounted by
+    the stream's length, with no file; past ``memory_limit`` it moves to a file."""
+    asm = Assembler(memory_limit=20_000, spill_dir=tmp_path, compact_bytes=3_000)
+    feed = Feeder(asm)
+    feed(relation(), Begin(0x9000, 0, 4))
+    for i in range(5):
+        feed(ins(str(i)))
+    buf = asm._current
+    assert buf is not None and buf.spill is None and asm.buffered_bytes == buf.mem_bytes
+    for i in range(5, 40):
+        feed(ins(str(i)))
+    assert buf.spill is not None and buf.spill.in_memory and buf.records == []
+    assert asm.buffered_bytes == buf.mem_bytes == buf.spill.tell()
+    assert spill_files(tmp_path) == [] and asm.spilled_bytes == 0 and asm.spill_count == 0
+    for i in range(40, 1000):
+        feed(ins(str(i)))
+        assert asm.buffered_bytes <= 20_000
+    assert not buf.spill.in_memory and asm.buffered_bytes == 0 and asm.spill_count == 1
+    assert len(spill_files(tmp_path)) == 1 and asm.spilled_bytes == buf.spill.tell()
+    (txn,) = feed(Commit(0, 0x9000, 0x9008, 0))
+    assert values(txn) == [str(i) for i in range(1000)] and txn.mem_bytes == 0
+    txn.release()
+    assert spill_files(tmp_path) == []
+
+
+def test_compact_transaction_released_holds_its_bytes(tmp_path: Path) -> None:
+    asm = Assembler(memory_limit=1 << 30, spill_dir=tmp_path, compact_bytes=0)
+    feed = Feeder(asm)
+    feed(relation(), Begin(0x9000, 0, 4), ins("a"), ins("b"))
+    buf = asm._current
+    assert buf is not None and buf.spill is not None and buf.spill.in_memory
+    size = buf.spill.tell()
+    (txn,) = feed(Commit(0, 0x9000, 0x9008, 0))
+    assert txn.mem_bytes == size > 0 and asm.buffered_bytes == 0
+    assert values(txn) == values(txn) == ["a", "b"]
+    assert spill_files(tmp_path) == [] and asm.total_spilled_bytes == 0
+    txn.release()
+    assert list(txn.changes()) == []
+
+
+def test_compact_subtransaction_abort_gives_back_its_bytes() -> None:
+    asm = Assembler(memory_limit=1 << 30, compact_bytes=0)
+    feed = Feeder(asm)
+    feed(relation(), StreamStart(1, True), ins("top", 1))
+    kept = asm.buffered_bytes
+    feed(ins("sub1", 2), ins("sub2", 2), StreamStop())
+    assert asm.buffered_bytes > kept
+    feed(StreamAbort(1, 2))
+    assert asm.buffered_bytes == kept
+    (txn,) = feed(StreamCommit(1, 0, 0x7000, 0x7008, 0))
+    assert values(txn) == ["top"]
+
+
 def test_without_spill_dir_memory_is_unbounded() -> None:
     asm = Assembler(memory_limit=0)
     feed = Feeder(asm)
@@ -615,17 +669,20 @@ def interleavings(draw: st.DrawFn) -> tuple[list[PgOutputMessage], dict[int, lis
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(interleavings(), st.sampled_from([None, 0, 600, 4000]))
+@given(interleavings(), st.sampled_from([None, 0, 600, 4000]), st.sampled_from([0, 800, 1 << 20]))
 def test_random_interleavings(
     tmp_path_factory: pytest.TempPathFactory,
     case: tuple[list[PgOutputMessage], dict[int, list[str]]],
     limit: int | None,
+    compact: int,
 ) -> None:
+    """``limit``: memory limit (None: no spill directory); ``compact``: compact form threshold."""
     msgs, expected = case
     if limit is None:
-        asm = Assembler()
+        asm = Assembler(compact_bytes=compact)
     else:
-        asm = Assembler(memory_limit=limit, spill_dir=tmp_path_factory.mktemp("spill"))
+        spill_dir = tmp_path_factory.mktemp("spill")
+        asm = Assembler(memory_limit=limit, spill_dir=spill_dir, compact_bytes=compact)
     feed = Feeder(asm)
     feed(*msgs)
     got = {t.xid: values(t) for t in feed.released}

@@ -94,6 +94,57 @@ def test_truncate_within_pending_after_partial_flush(tmp_path: Path) -> None:
     assert list(spill.reader()()) == (EVERY_KIND * 3)[:cut]
 
 
+@pytest.mark.parametrize("buffer_size", [1, 64, 1 << 20])
+@pytest.mark.parametrize("move_at", [None, 0, 4, len(EVERY_KIND)])
+def test_in_memory_stream_truncates_and_moves_to_a_file(
+    tmp_path: Path, buffer_size: int, move_at: int | None
+) -> None:
+    """The compact form: records in memory (sealed chunks of ``buffer_size``), truncated
+    inside an earlier chunk, then (``move_at``) written to a file and continued there."""
+    spill = SpillFile(None, buffer_size=buffer_size)
+    assert spill.in_memory and spill.path is None
+    offsets = []
+    for record in EVERY_KIND * 2:
+        offsets.append(spill.tell())
+        assert spill.append(record) == spill.tell() - offsets[-1]
+    cut = len(EVERY_KIND) + 3
+    spill.truncate(offsets[cut])
+    assert spill.tell() == offsets[cut]
+    expected = (EVERY_KIND * 2)[:cut]
+    path = tmp_path / "t.spill"
+    for i, record in enumerate(EVERY_KIND):
+        if i == move_at:
+            spill.move_to(path)
+            assert not spill.in_memory and path.stat().st_size <= spill.tell()
+        spill.append(record)
+        expected.append(record)
+    if move_at == len(EVERY_KIND):
+        spill.move_to(path)
+    spill.finish()
+    read = spill.reader()
+    assert list(read()) == expected
+    assert list(read()) == expected
+    if move_at is None:
+        assert not path.exists()
+    else:
+        assert path.stat().st_size == spill.size
+        with pytest.raises(ValueError, match="already in"):
+            spill.move_to(path)
+    spill.delete()
+    assert not path.exists()
+
+
+def test_in_memory_raw_sizes_add_up() -> None:
+    spill = SpillFile(None, buffer_size=100)
+    data = b"I" + (16384).to_bytes(4, "big") + b"N\x00\x02t\x00\x00\x00\x011t\x00\x00\x00\x01x"
+    sizes = [spill.append_raw(lsn, data, None, (REL_A,)) for lsn in range(1, 50)]
+    assert sum(sizes) == spill.tell()
+    spill.finish()
+    records = list(spill.reader()())
+    assert [r.lsn for r in records] == list(range(1, 50))
+    assert records[0].change == Insert(None, REL_A.oid, row(b"1", b"x"))
+
+
 def test_delete_removes_file_and_is_idempotent(tmp_path: Path) -> None:
     spill = SpillFile(tmp_path / "t.spill")
     spill.append(EVERY_KIND[0])
