@@ -23,7 +23,7 @@ from cdcd.decoder.events import Change, Relation
 TransactionKind = Literal["regular", "streamed", "prepared", "message", "snapshot"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ChangeRecord:
     """One change inside a transaction.
 
@@ -35,6 +35,12 @@ class ChangeRecord:
     lsn: int
     change: Change
     relations: tuple[Relation, ...]
+
+    # Spelled out, as in cdcd.decoder.events: compiled, a native constructor.
+    def __init__(self, lsn: int, change: Change, relations: tuple[Relation, ...]) -> None:
+        object.__setattr__(self, "lsn", lsn)
+        object.__setattr__(self, "change", change)
+        object.__setattr__(self, "relations", relations)
 
 
 @dataclass(slots=True)

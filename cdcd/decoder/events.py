@@ -8,6 +8,12 @@ LSNs are ``int``; timestamps are ``int`` microseconds since the PostgreSQL epoch
 ``xid`` on Relation, Type, Insert, Update, Delete, Truncate and Message is the xid of the
 (sub)transaction that made the change, present only inside a Stream Start .. Stream Stop
 block (protocol >= 2); outside one it is ``None``.
+
+The classes made once per row or per transaction (TupleData, Insert, Update, Delete, Begin,
+Commit) spell out their ``__init__`` (``init=False``): compiled by mypyc (:mod:`cdcd.accel`)
+it becomes a native constructor, about nine times faster than the one ``dataclasses``
+generates, which stays interpreted. ``object.__setattr__`` (frozen dataclasses' own way to set a field in ``__init__``,
+which mypyc turns into a plain store) keeps them frozen either way.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ KIND_TEXT: Final = ord("t")
 KIND_BINARY: Final = ord("b")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class TupleData:
     """One row image. ``kinds[i]`` is the column's kind byte (n/u/t/b); ``values[i]`` its raw
     bytes for ``t``/``b`` and ``None`` for ``n``/``u``. Values stay raw: conversion happens
@@ -30,6 +36,10 @@ class TupleData:
 
     kinds: bytes
     values: tuple[bytes | None, ...]
+
+    def __init__(self, kinds: bytes, values: tuple[bytes | None, ...]) -> None:
+        object.__setattr__(self, "kinds", kinds)
+        object.__setattr__(self, "values", values)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -52,19 +62,30 @@ class Column:
 # --- transaction framing -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Begin:
     final_lsn: int
     commit_time: int
     xid: int
 
+    def __init__(self, final_lsn: int, commit_time: int, xid: int) -> None:
+        object.__setattr__(self, "final_lsn", final_lsn)
+        object.__setattr__(self, "commit_time", commit_time)
+        object.__setattr__(self, "xid", xid)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Commit:
     flags: int
     commit_lsn: int
     end_lsn: int
     commit_time: int
+
+    def __init__(self, flags: int, commit_lsn: int, end_lsn: int, commit_time: int) -> None:
+        object.__setattr__(self, "flags", flags)
+        object.__setattr__(self, "commit_lsn", commit_lsn)
+        object.__setattr__(self, "end_lsn", end_lsn)
+        object.__setattr__(self, "commit_time", commit_time)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +123,19 @@ class Type:
 # --- changes ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Insert:
     xid: int | None
     relation_oid: int
     new: TupleData
 
+    def __init__(self, xid: int | None, relation_oid: int, new: TupleData) -> None:
+        object.__setattr__(self, "xid", xid)
+        object.__setattr__(self, "relation_oid", relation_oid)
+        object.__setattr__(self, "new", new)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Update:
     """``old_kind`` is ``"K"`` (old key: a key column changed), ``"O"`` (old row: REPLICA
     IDENTITY FULL) or ``None`` (neither was sent); ``old`` is set exactly when it is not None."""
@@ -120,8 +146,22 @@ class Update:
     old: TupleData | None
     new: TupleData
 
+    def __init__(
+        self,
+        xid: int | None,
+        relation_oid: int,
+        old_kind: str | None,
+        old: TupleData | None,
+        new: TupleData,
+    ) -> None:
+        object.__setattr__(self, "xid", xid)
+        object.__setattr__(self, "relation_oid", relation_oid)
+        object.__setattr__(self, "old_kind", old_kind)
+        object.__setattr__(self, "old", old)
+        object.__setattr__(self, "new", new)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Delete:
     """``old_kind`` is ``"K"`` (replica-identity key) or ``"O"`` (whole old row)."""
 
@@ -129,6 +169,12 @@ class Delete:
     relation_oid: int
     old_kind: str
     old: TupleData
+
+    def __init__(self, xid: int | None, relation_oid: int, old_kind: str, old: TupleData) -> None:
+        object.__setattr__(self, "xid", xid)
+        object.__setattr__(self, "relation_oid", relation_oid)
+        object.__setattr__(self, "old_kind", old_kind)
+        object.__setattr__(self, "old", old)
 
 
 TRUNCATE_CASCADE: Final = 1
