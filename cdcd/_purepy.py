@@ -19,7 +19,10 @@ from types import ModuleType
 COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.decoder.tuples",
     "cdcd.decoder.events",
+    "cdcd.decoder.pgoutput",
     "cdcd.assembler.transaction",
+    "cdcd.assembler.spill",
+    "cdcd.assembler.assembler",
 )
 
 PURE_ENV = "CDCD_PURE_PYTHON"

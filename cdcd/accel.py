@@ -1,7 +1,9 @@
 """Optional compiled fast paths: a few innermost-loop modules compiled with mypyc.
 
-:data:`COMPILED_MODULES` are plain, fully typed Python modules that import nothing from cdcd,
-so that each compiles on its own. ``python -m cdcd.accel build`` compiles them in place with
+:data:`COMPILED_MODULES` are plain, fully typed Python modules, compiled one at a time (what
+they import from other cdcd modules is called through Python). Keep them to plain constructs:
+a ``while view: view = view[os.write(fd, view):]`` loop over a ``memoryview`` wrote every
+buffer twice once compiled (mypy 2.4), which the spill tests caught. ``python -m cdcd.accel build`` compiles them in place with
 mypyc (it needs mypy, a C compiler and the Python headers; ``scripts/setup`` and the
 Dockerfile run it); Python then imports the extension module instead of the ``.py`` file. When
 a module is not compiled the very same source runs as Python: the compiled form is only a

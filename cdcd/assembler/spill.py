@@ -261,10 +261,9 @@ def _create(path: Path) -> int:
 
 
 def _write_all(fd: int, data: bytes | bytearray) -> None:
-    with memoryview(data) as whole:
-        view = whole
-        while view:
-            view = view[os.write(fd, view) :]
+    written = os.write(fd, data)
+    while written < len(data):  # a partial write (a signal, a full disk): rare, so copying
+        written += os.write(fd, data[written:])
 
 
 # --- encoding ----------------------------------------------------------------------------------

@@ -176,13 +176,20 @@ async def test_reconnect_while_a_prepared_transaction_is_held(
         (sink,) = pipeline.sinks
         await wait_until(lambda: sink.durable_lsn() > before_prepare, "T to be durable")
         assert assembler.held_prepared == 1
-        reset = assembler.reset
+        inner = assembler
 
-        def reset_then_acknowledge() -> None:
-            reset()
-            acks.append(asyncio.get_running_loop().create_task(pipeline._acknowledge()))
+        class ResetThenAcknowledge:
+            """The assembler, whose reset also starts an acknowledgement (a proxy: the
+            compiled Assembler's methods cannot be replaced on the instance)."""
 
-        assembler.reset = reset_then_acknowledge  # type: ignore[method-assign]
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            def reset(self) -> None:
+                inner.reset()
+                acks.append(asyncio.get_running_loop().create_task(pipeline._acknowledge()))
+
+        pipeline._assembler = ResetThenAcknowledge()  # type: ignore[assignment]
         pg_db.execute(
             f"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
             f"WHERE slot_name = '{SLOT}'"
