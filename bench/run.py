@@ -21,7 +21,8 @@ starts a cluster with the test harness's settings, then for each workload:
    ``pg_recvlogical``       the cluster's own, pgoutput with the same options, to /dev/null
    ``psycopg2_raw``         the peer script (``--peer``), no decoding
    ``psycopg2_pypgoutput``  the peer script with pypgoutput decoding
-   ``cdcd_null``            ``cdcd run --endpos``: decode + assemble, null sink
+   ``cdcd_null``            ``cdcd run --endpos``: decode + assemble, null sink (decoded
+                            changes, no event objects)
    ``cdcd_jsonl``           file sink, JSON Lines
    ``cdcd_parquet``         file sink, Parquet
    ``cdcd_kafka``           Kafka sink to a fresh tansu broker (idempotence off)

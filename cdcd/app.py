@@ -37,15 +37,16 @@ import contextlib
 import gc
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from operator import methodcaller
 from typing import Any
 
 import structlog
 
 from cdcd import accel
 from cdcd.assembler.assembler import Assembler
-from cdcd.assembler.transaction import Transaction
+from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.benchlog import LatencyLog, write_stats
 from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
@@ -64,6 +65,7 @@ from cdcd.errors import (
 from cdcd.lsn import Progress, format_lsn, pg_to_unix_us, unix_to_pg_us
 from cdcd.replication.client import ReplicationClient
 from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.catalog import schema_name
 from cdcd.sinks.encoding import Encoder
 from cdcd.sinks.registry import load_sink_class
 
@@ -76,6 +78,15 @@ _TWO_PHASE_EVENTS = (
     ev.CommitPrepared,
     ev.RollbackPrepared,
 )
+
+#: the op each kind of change counts under in Stats.events_by when no events are built
+_CHANGE_OPS: dict[type, str] = {
+    ev.Insert: "c",
+    ev.Update: "u",
+    ev.Delete: "d",
+    ev.Truncate: "t",
+    ev.Message: "m",
+}
 
 #: server_version_num thresholds for pgoutput protocol versions (PITFALLS: 14 -> 2, 15 -> 3, 16+ -> 4)
 _PROTO_BY_VERSION = ((160000, 4), (150000, 3), (140000, 2), (0, 1))
@@ -557,6 +568,8 @@ class Pipeline:
         queue = self._queue
         sinks = self.sinks
         stats = self.stats
+        # no sink wants events (the null sink alone): hand over decoded changes, build no events
+        events_wanted = any(sink.wants_events for sink in sinks)
         while True:
             if queue.empty():  # wait_for costs a task per call: only when there is nothing
                 try:
@@ -569,24 +582,20 @@ class Pipeline:
             if txn is None:
                 return
             self._writer_busy = True
-            clock = time.perf_counter
             spent = [0.0] * len(sinks)
             try:
-                for i, sink in enumerate(sinks):
-                    t0 = clock()
-                    await sink.begin(txn)
-                    spent[i] += clock() - t0
-                for batch in encoder.batches(txn):
-                    for i, sink in enumerate(sinks):
-                        t0 = clock()
-                        await sink.write(batch)
-                        spent[i] += clock() - t0
-                    stats.events += len(batch)
-                    self._count(batch)
-                for i, sink in enumerate(sinks):
-                    t0 = clock()
-                    await sink.commit(txn)
-                    spent[i] += clock() - t0
+                await _each_sink(sinks, spent, methodcaller("begin", txn))
+                if events_wanted:
+                    for batch in encoder.batches(txn):
+                        await _each_sink(sinks, spent, methodcaller("write", batch))
+                        stats.events += len(batch)
+                        self._count(batch)
+                else:
+                    for records in _record_batches(txn):
+                        await _each_sink(sinks, spent, methodcaller("write_changes", records))
+                        stats.events += len(records)
+                        self._count_changes(records)
+                await _each_sink(sinks, spent, methodcaller("commit", txn))
             finally:
                 txn.release()
                 self._queued_bytes -= txn.mem_bytes
@@ -601,6 +610,19 @@ class Pipeline:
             stats.last_commit_time_us = txn.commit_time
             self._writer_busy = False
             await self._maybe_flush(idle=queue.empty())
+
+    def _count_changes(self, records: list[ChangeRecord]) -> None:
+        """:meth:`_count` without events: per change (an Update of the key counts as ``u``)."""
+        events_by = self.stats.events_by
+        for record in records:
+            change = record.change
+            op = _CHANGE_OPS[type(change)]
+            if op == "m":
+                keys = [("_messages", "m")]
+            else:
+                keys = [(f"{schema_name(rel)}.{rel.name}", op) for rel in record.relations]
+            for key in keys:
+                events_by[key] = events_by.get(key, 0) + 1
 
     def _count(self, events: list[Any]) -> None:
         """Per table and op counters (logical messages count under ``_messages``)."""
@@ -800,6 +822,29 @@ class Pipeline:
         await self._flush_all()
         await self._acknowledge(final=True)
         self._stop.set()
+
+
+async def _each_sink(
+    sinks: list[Sink], spent: list[float], call: Callable[[Sink], Awaitable[None]]
+) -> None:
+    """``await call(sink)`` (a ``methodcaller``) for each sink in order, adding its wall time
+    to ``spent``."""
+    for i, sink in enumerate(sinks):
+        t0 = time.perf_counter()
+        await call(sink)
+        spent[i] += time.perf_counter() - t0
+
+
+def _record_batches(txn: Transaction, size: int = 1000) -> Iterator[list[ChangeRecord]]:
+    """The decoded changes of ``txn`` in lists of at most ``size`` (never empty)."""
+    batch: list[ChangeRecord] = []
+    for record in txn.changes():
+        batch.append(record)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _install_signal_handlers(pipeline: Pipeline) -> Callable[[], None]:

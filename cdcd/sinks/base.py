@@ -18,6 +18,11 @@ The pipeline drives a sink like this, one transaction at a time, in commit order
     await sink.flush()                 # make everything handed over durable now
     await sink.close()
 
+A sink that needs no events (``wants_events`` False: the null sink, which measures decoding
+and assembly) gets ``write_changes(records)`` with the transaction's decoded changes instead
+of ``write``, and the pipeline then builds no events, unless another sink wants them, in
+which case every sink gets events.
+
 ``durable_lsn()`` returns the ``end_lsn`` of the newest transaction whose every event the sink
 holds durably (fsynced file renamed into place, broker acknowledged every record), and never
 decreases. The LSN confirmed to PostgreSQL is the minimum over all sinks, so a sink must never
@@ -45,7 +50,7 @@ from pydantic import BaseModel
 from cdcd.lsn import Progress
 
 if TYPE_CHECKING:
-    from cdcd.assembler.transaction import Transaction
+    from cdcd.assembler.transaction import ChangeRecord, Transaction
     from cdcd.sinks.encoding import ChangeEvent
 
 
@@ -65,6 +70,8 @@ class Sink(abc.ABC):
     type_name: str = "sink"
     #: the pydantic model of this sink's config section (without ``type``)
     Config: ClassVar[type[BaseModel]]
+    #: False: the sink takes decoded changes (``write_changes``) rather than events
+    wants_events: bool = True
 
     def __init__(self, config: Any = None, context: SinkContext | None = None) -> None:
         """Subclasses are built as ``cls(config, context)`` and call ``super().__init__()``."""
@@ -80,6 +87,10 @@ class Sink(abc.ABC):
     @abc.abstractmethod
     async def write(self, events: Sequence[ChangeEvent]) -> None:
         """Events of the current transaction, in ``seq`` order."""
+
+    async def write_changes(self, records: Sequence[ChangeRecord]) -> None:
+        """Decoded changes of the current transaction, in order (only if not ``wants_events``)."""
+        raise NotImplementedError(f"{type(self).__name__} takes events, not changes")
 
     @abc.abstractmethod
     async def commit(self, txn: Transaction) -> None:

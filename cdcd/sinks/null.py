@@ -1,7 +1,8 @@
-"""The null sink: discards every event, durable at once (benchmarks, dry runs).
+"""The null sink: discards everything, durable at once (benchmarks, dry runs).
 
-With ``encode: true`` it still builds each event's JSON Lines record, so a benchmark can
-measure decoding and encoding without any I/O.
+It takes the decoded changes (``wants_events`` False), so on its own it measures decoding and
+assembly: no event objects are built. With ``encode: true`` it takes events and builds each
+one's JSON Lines record, so a benchmark can measure decoding and encoding without any I/O.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from cdcd.assembler.transaction import Transaction
+from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.sinks.base import Sink, SinkContext
 from cdcd.sinks.encoding import ChangeEvent
 
@@ -32,7 +33,8 @@ class NullSink(Sink):
     def __init__(self, config: NullSinkConfig, context: SinkContext) -> None:
         super().__init__()
         self.config = config
-        self.events = 0
+        self.wants_events = config.encode
+        self.events = 0  # events, or changes when it takes changes
         self.transactions = 0
 
     async def begin(self, txn: Transaction) -> None:
@@ -43,6 +45,9 @@ class NullSink(Sink):
         if self.config.encode:
             for event in events:
                 event.record_json()
+
+    async def write_changes(self, records: Sequence[ChangeRecord]) -> None:
+        self.events += len(records)
 
     async def commit(self, txn: Transaction) -> None:
         self.transactions += 1

@@ -53,6 +53,17 @@ async def test_null_sink_discards_and_counts(encode: bool) -> None:
     assert sink.stats() == {"events": 4, "transactions": 3}
 
 
+async def test_null_sink_takes_changes_unless_it_encodes() -> None:
+    plain = NullSink(NullSink.Config(), CONTEXT)
+    assert plain.wants_events is False
+    records = [r for txn in two_transactions() for r in txn.changes()]
+    await plain.write_changes(records)
+    assert plain.stats()["events"] == len(records) > 0
+    assert NullSink(NullSink.Config(encode=True), CONTEXT).wants_events is True
+    with pytest.raises(NotImplementedError, match="takes events"):
+        await MemorySink(MemorySink.Config(), CONTEXT).write_changes(records)
+
+
 def test_registered_by_type_and_configs_forbid_unknown_keys() -> None:
     assert load_sink_class("null") is NullSink
     assert load_sink_class("memory") is MemorySink
