@@ -61,7 +61,7 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
-from cdcd.decoder.pgoutput import decode_change
+from cdcd.decoder.pgoutput import decode_change, plain_insert
 from cdcd.decoder.tuples import build_tuple
 
 #: Spill files are named ``<SPILL_PREFIX><n><SPILL_SUFFIX>`` inside the spill directory.
@@ -344,36 +344,39 @@ def _records(
             stop = pos + 4 + length
             if stop > end:
                 break
-            yield _decode(chunk[pos + 4 : stop], rels)
+            yield _decode(chunk, pos + 4, stop, rels)
             pos = stop
     if pos != len(chunk):
         raise ValueError(f"{where} is truncated")
 
 
-def _decode(body: bytes, rels: tuple[Relation, ...]) -> ChangeRecord:
-    tag, lsn, has_xid, raw_xid, nrel = _HEAD.unpack_from(body, 0)
-    pos = _HEAD.size
+def _decode(buf: bytes, start: int, stop: int, rels: tuple[Relation, ...]) -> ChangeRecord:
+    """The record whose body is ``buf[start:stop]``."""
+    tag, lsn, has_xid, raw_xid, nrel = _HEAD.unpack_from(buf, start)
+    pos = start + _HEAD.size
     if nrel == 1:
-        relations: tuple[Relation, ...] = (rels[_U32.unpack_from(body, pos)[0]],)
+        relations: tuple[Relation, ...] = (rels[_U32.unpack_from(buf, pos)[0]],)
     else:
-        relations = tuple(rels[i] for i in struct.unpack_from(f"<{nrel}I", body, pos))
+        relations = tuple(rels[i] for i in struct.unpack_from(f"<{nrel}I", buf, pos))
     pos += 4 * nrel
     xid = raw_xid if has_xid else None
-    change: Change
+    change: Change | None
     if tag == _TAG_RAW:
-        change = decode_change(body[pos:], lsn, streamed=bool(has_xid))
+        change = None if has_xid else plain_insert(buf, pos, stop)
+        if change is None:
+            change = decode_change(buf[pos:stop], lsn, streamed=bool(has_xid))
     elif tag == _TAG_TRUNCATE:
-        options, n = _U8U32.unpack_from(body, pos)
+        options, n = _U8U32.unpack_from(buf, pos)
         pos += _U8U32.size
-        change = Truncate(xid, options, struct.unpack_from(f"<{n}I", body, pos))
+        change = Truncate(xid, options, struct.unpack_from(f"<{n}I", buf, pos))
     elif tag == _TAG_MESSAGE:
-        transactional, msg_lsn = _MSG.unpack_from(body, pos)
+        transactional, msg_lsn = _MSG.unpack_from(buf, pos)
         pos += _MSG.size
-        (plen,) = _U32.unpack_from(body, pos)
-        prefix = body[pos + 4 : pos + 4 + plen].decode()
+        (plen,) = _U32.unpack_from(buf, pos)
+        prefix = buf[pos + 4 : pos + 4 + plen].decode()
         pos += 4 + plen
-        (clen,) = _U32.unpack_from(body, pos)
-        content = body[pos + 4 : pos + 4 + clen]
+        (clen,) = _U32.unpack_from(buf, pos)
+        content = buf[pos + 4 : pos + 4 + clen]
         change = Message(xid, bool(transactional), msg_lsn, prefix, content)
     else:
         raise ValueError(f"spill record with unknown tag {tag}")

@@ -95,6 +95,7 @@ _STREAM_ABORT_V4_LEN: Final = 1 + _STREAM_ABORT_V4.size  # 25 bytes, tag include
 _HAS_VALUE: Final = (KIND_TEXT, KIND_BINARY)
 _NO_VALUE: Final = (KIND_NULL, KIND_UNCHANGED_TOAST)
 _PART_N: Final = ord("N")
+_INSERT: Final = ord("I")
 _PART_K: Final = ord("K")
 _PART_O: Final = ord("O")
 _OLD_PARTS: Final = (_PART_K, _PART_O)
@@ -504,6 +505,24 @@ class PgOutputDecoder:
 
 _REDECODERS: Final = (PgOutputDecoder(1), PgOutputDecoder(2))
 _REDECODERS[1]._in_stream = True  # inside a stream block: changes carry their xid
+
+
+def plain_insert(buf: bytes, start: int, stop: int) -> Insert | None:
+    """The Insert in ``buf[start:stop]`` if it is a well-formed one from outside a stream
+    block, else None (then :func:`decode_change` decodes it, or says what is wrong).
+
+    The fast path of reading spilled changes back: no copy of the message, no dispatch.
+    """
+    if stop - start < 8 or buf[start] != _INSERT or buf[start + 5] != _PART_N:
+        return None
+    try:
+        kinds, values, end = parse_tuple(buf, start + 6)
+    except (IndexError, BadKind):
+        return None
+    if end != stop:
+        return None
+    (oid,) = _U32.unpack_from(buf, start + 1)
+    return Insert(None, oid, TupleData(kinds, values))
 
 
 def decode_change(data: bytes, lsn: int, *, streamed: bool) -> Insert | Update | Delete:

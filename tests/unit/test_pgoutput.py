@@ -647,3 +647,30 @@ def test_decode_change_decodes_a_change_again_and_refuses_anything_else() -> Non
     )
     with pytest.raises(RemoteProtocolError, match="expected an Insert, Update or Delete"):
         decode_change(b"B" + struct.pack("!QqI", 1, 2, 3), 0x10, streamed=False)
+
+
+def test_plain_insert_reads_in_place_or_leaves_it_to_decode_change() -> None:
+    """The spill reader's fast path: a well-formed Insert outside a stream block, read inside
+    a larger buffer; anything else is None, and decode_change then explains what is wrong."""
+    from cdcd.decoder.pgoutput import decode_change, plain_insert
+
+    tup = struct.pack("!H", 2) + b"t" + struct.pack("!I", 1) + b"7" + b"n"
+    plain = b"I" + struct.pack("!I", 16384) + b"N" + tup
+    around = b"xyz" + plain + b"next record"
+    start, stop = 3, 3 + len(plain)
+    got = plain_insert(around, start, stop)
+    assert got == decode_change(plain, 0x10, streamed=False)
+    assert got == Insert(None, 16384, TupleData(b"tn", (b"7", None)))
+    bad = {
+        "trailing byte": plain + b"!",
+        "truncated": plain[:-1],
+        "a bad kind": plain.replace(b"n", b"?"),
+        "no N": plain.replace(b"N", b"K", 1),
+        "an update": b"U" + plain[1:],
+        "too short": b"I\x00\x00",
+    }
+    for why, data in bad.items():
+        assert plain_insert(data + b"more", 0, len(data)) is None, why
+        if why != "an update":
+            with pytest.raises(RemoteProtocolError):
+                decode_change(data, 0x10, streamed=False)
