@@ -19,7 +19,7 @@
 #
 # The install steps are the ones scripts/setup runs for the README and CI (a venv, then
 # `python -m pip install -q --upgrade pip`, `python -m pip install -q .`, then mypy and
-# `python -m cdcd.accel build`, which compiles the decoder's innermost loop with mypyc), except
+# `python -m cdcd.accel build`, which compiles the per-row modules with mypyc), except
 # that the image installs the project non-editable and drops mypy once the build is done;
 # tests/unit/test_dockerfile.py holds them equal.
 

@@ -20,9 +20,13 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.decoder.tuples",
     "cdcd.decoder.events",
     "cdcd.decoder.pgoutput",
+    "cdcd.decoder.types",
+    "cdcd.decoder.values_text",
+    "cdcd.decoder.values_binary",
     "cdcd.assembler.transaction",
     "cdcd.assembler.spill",
     "cdcd.assembler.assembler",
+    "cdcd.sinks.encoding",
 )
 
 PURE_ENV = "CDCD_PURE_PYTHON"

@@ -71,7 +71,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import orjson
 
@@ -354,7 +354,7 @@ class ChangeEvent:
         self._snapshot = snapshot
         self._json_rows: tuple[Row | None, Row | None, list[str]] | None = None
         self._native_rows: tuple[Row | None, Row | None, list[str]] | None = None
-        self._key: Row | None = _UNSET
+        self._key: Any = _UNSET  # Row | None once built (Any: the sentinel is neither)
         self._source: Row | None = None
         self._value: Row | None = None
         self._json_body: bytes | None = None
@@ -452,17 +452,18 @@ class ChangeEvent:
     # --- key and value ---------------------------------------------------------------------
 
     def key(self) -> Row | None:
-        key = self._key
-        if key is _UNSET:
-            key = None
-            if self.op == "m":
-                key = {"prefix": self._extra.prefix}
-            elif self._rel is not None and self._rel.key_names is not None and self.op != "t":
-                before, after, _ = self._rows(False)
-                row = after if after is not None else before
-                if row is not None:
-                    key = {name: row[name] for name in self._rel.key_names}
-            self._key = key
+        cached = self._key
+        if cached is not _UNSET:
+            return cast("Row | None", cached)
+        key: Row | None = None
+        if self.op == "m":
+            key = {"prefix": self._extra.prefix}
+        elif self._rel is not None and self._rel.key_names is not None and self.op != "t":
+            before, after, _ = self._rows(False)
+            row = after if after is not None else before
+            if row is not None:
+                key = {name: row[name] for name in self._rel.key_names}
+        self._key = key
         return key
 
     def source(self) -> Row:
