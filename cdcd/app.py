@@ -39,6 +39,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import methodcaller
 from typing import Any
 
@@ -468,7 +469,7 @@ class Pipeline:
                     if wal_end > streamed:
                         streamed = wal_end
                     if assembler.feed_undecoded(data, lsn, streamed=decoder.in_stream):
-                        continue  # decoded when the spilled transaction is read back
+                        continue  # decoded when the transaction is released
                     msg = decoder.decode(data, lsn)
                     kind = type(msg)
                     if type(msg) is ev.Relation:
@@ -618,10 +619,10 @@ class Pipeline:
             change = record.change
             op = _CHANGE_OPS[type(change)]
             if op == "m":
-                keys = [("_messages", "m")]
-            else:
-                keys = [(f"{schema_name(rel)}.{rel.name}", op) for rel in record.relations]
-            for key in keys:
+                events_by["_messages", "m"] = events_by.get(("_messages", "m"), 0) + 1
+                continue
+            for rel in record.relations:  # one for a row change, each table for a Truncate
+                key = (f"{schema_name(rel)}.{rel.name}", op)
                 events_by[key] = events_by.get(key, 0) + 1
 
     def _count(self, events: list[Any]) -> None:
@@ -837,13 +838,8 @@ async def _each_sink(
 
 def _record_batches(txn: Transaction, size: int = 1000) -> Iterator[list[ChangeRecord]]:
     """The decoded changes of ``txn`` in lists of at most ``size`` (never empty)."""
-    batch: list[ChangeRecord] = []
-    for record in txn.changes():
-        batch.append(record)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
+    changes = txn.changes()
+    while batch := list(islice(changes, size)):
         yield batch
 
 
