@@ -61,7 +61,7 @@ def capture(path: Path, rows: int, workload: str) -> None:
 def run(path: Path, sink: str, memory_limit: int, raw: bool = True) -> None:
     import gc
 
-    gc.set_threshold(50_000, 20, 100)  # as cdcd.app.run
+    gc.set_threshold(50_000, 20, 100)  # as cdcd.runtime.tune_gc
     from cdcd.assembler.assembler import Assembler
     from cdcd.decoder.events import Relation
     from cdcd.decoder.pgoutput import PgOutputDecoder

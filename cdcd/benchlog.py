@@ -76,7 +76,7 @@ class LatencyLog:
         self._file.close()
 
 
-def write_stats(stats: Any, assembler: Any) -> None:
+def write_stats(stats: Any, assembler: Any = None) -> None:
     """Write the ``CDCD_BENCH_STATS`` summary, if asked for."""
     path = os.environ.get(STATS_ENV)
     if not path:

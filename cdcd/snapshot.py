@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
+from cdcd.wire.frontend import quote_ident
 
 _TABLES_SQL = """
 SELECT c.oid::int8, n.nspname, c.relname, c.relreplident
@@ -51,10 +52,6 @@ LEFT JOIN LATERAL (
 WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum
 """
-
-
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +116,8 @@ async def read_rows(
     rel = table.relation
     if not rel.columns:
         return
-    select = ", ".join(f"{_quote_ident(c.name)}::text" for c in rel.columns)
-    sql = f"SELECT {select} FROM {_quote_ident(rel.namespace)}.{_quote_ident(rel.name)}"
+    select = ", ".join(f"{quote_ident(c.name)}::text" for c in rel.columns)
+    sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
     if table.row_filter:
         sql += f" WHERE {table.row_filter}"
     width = len(rel.columns)

@@ -219,3 +219,25 @@ class Source:
                 await conn.close(timeout=5)
             except Exception:
                 conn.terminate()
+
+    # -- questions asked while streaming (cdcd.pipeline) --------------------------------------
+
+    async def publication_exists(self) -> bool:
+        conn = await open_sql(self.params, self.config.source.connect_timeout)
+        try:
+            return bool(
+                await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+                    self.config.source.publication,
+                )
+            )
+        finally:
+            await conn.close()
+
+
+#: the slot's wal_status, safe_wal_size, the server's WAL position and the WAL the slot retains
+SLOT_HEALTH_SQL = (
+    "SELECT wal_status, safe_wal_size, pg_current_wal_lsn()::text, "
+    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 "
+    "FROM pg_replication_slots WHERE slot_name = $1"
+)

@@ -72,6 +72,12 @@ class Sink(abc.ABC):
     Config: ClassVar[type[BaseModel]]
     #: False: the sink takes decoded changes (``write_changes``) rather than events
     wants_events: bool = True
+    #: seconds the pipeline lets pass between two flushes while something is not durable
+    #: (0: flush whenever the sink has nothing more to do)
+    flush_interval: float = 1.0
+    #: True: the sink makes data durable on its own schedule (``durable_lsn`` rises without
+    #: ``flush``); the pipeline then flushes it only after a quiet moment, as a safety net
+    flushes_itself: bool = False
 
     def __init__(self, config: Any = None, context: SinkContext | None = None) -> None:
         """Subclasses are built as ``cls(config, context)`` and call ``super().__init__()``."""

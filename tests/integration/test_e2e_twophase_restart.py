@@ -13,7 +13,7 @@ Each test here reproduces one way the confirmed position could pass a PREPARE, d
   them again, while the sinks are durable past their PREPAREs;
 * ``--endpos`` before a COMMIT PREPARED: the released transaction is not handed to the sinks.
 
-cdcd runs in-process (:class:`cdcd.app.Pipeline`), so a test can act at the worst moment; a
+cdcd runs in-process (:class:`cdcd.pipeline.service.Pipeline`), so a test can act at the worst moment; a
 "crash" cancels it (nothing more is flushed or confirmed than what it had sent). Then the slot's
 confirmed position is checked, and a second run to ``--endpos`` must deliver the prepared
 transaction's row: the outcome a user sees.
@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 
-from cdcd.app import Pipeline
 from cdcd.assembler.transaction import Transaction
 from cdcd.config import load_config
 from cdcd.errors import EXIT_OK
 from cdcd.lsn import parse_lsn
+from cdcd.pipeline.service import Pipeline
 from cdcd.sinks.base import SinkContext
 from cdcd.sinks.memory import MemorySink, MemorySinkConfig
 from cdcd.sinks.registry import BUILTIN_SINKS
@@ -151,7 +151,7 @@ async def test_committed_prepared_transaction_not_yet_durable(
         assert isinstance(sink, GatedSink)
         await wait_until(lambda: sink.holding, "g1 to reach the sink")
         assert sink.durable_lsn() > before_prepare  # T is durable: the premise of the test
-        await pipeline._acknowledge()  # what the acker does every 0.2 s
+        await pipeline.acker.acknowledge()  # what the acker does every 0.2 s
     finally:
         await crash(task)
     assert confirmed(pg_db) <= before_prepare
@@ -187,9 +187,9 @@ async def test_reconnect_while_a_prepared_transaction_is_held(
 
             def reset(self) -> None:
                 inner.reset()
-                acks.append(asyncio.get_running_loop().create_task(pipeline._acknowledge()))
+                acks.append(asyncio.get_running_loop().create_task(pipeline.acker.acknowledge()))
 
-        pipeline._assembler = ResetThenAcknowledge()  # type: ignore[assignment]
+        pipeline.reader.assembler = ResetThenAcknowledge()  # type: ignore[assignment]
         pg_db.execute(
             f"SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
             f"WHERE slot_name = '{SLOT}'"
@@ -204,7 +204,7 @@ async def test_reconnect_while_a_prepared_transaction_is_held(
             "cdcd to stream again and hold g1 again",
         )
         assert acks
-        await pipeline._acknowledge()
+        await pipeline.acker.acknowledge()
     finally:
         await crash(task)
     assert confirmed(pg_db) <= before_prepare

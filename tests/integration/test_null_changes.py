@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdcd.app import Pipeline
 from cdcd.config import load_config
 from cdcd.lsn import parse_lsn
+from cdcd.pipeline.service import Pipeline
 from cdcd.sinks.memory import MemorySink
 from cdcd.sinks.null import NullSink
 from tests.e2e import run_cdcd, write_config

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdcd.app import Pipeline
 from cdcd.assembler.transaction import Transaction
 from cdcd.config import load_config
+from cdcd.pipeline.service import Pipeline
 from cdcd.sinks.base import SinkContext
 from cdcd.sinks.memory import MemorySink, MemorySinkConfig
 from cdcd.sinks.registry import BUILTIN_SINKS
@@ -74,17 +74,17 @@ async def test_queued_transactions_are_bounded_in_bytes(pg_db: PgDatabase, tmp_p
     try:
         await wait_until(lambda: pipeline.stats.streaming or task.done(), "cdcd to stream")
         # the reader fills the queue until the bytes bound stops it
-        await wait_until(lambda: pipeline._queue.qsize() >= 3, "transactions to queue")
+        await wait_until(lambda: pipeline.writer.queued_transactions >= 3, "transactions to queue")
         await asyncio.sleep(1.0)
-        queued = pipeline._queue.qsize()
+        queued = pipeline.writer.queued_transactions
         assert 3 <= queued < TRANSACTIONS - 1, queued
-        assert 0 < pipeline._queued_bytes <= LIMIT
-        assert pipeline._queued_bytes + 300_000 > LIMIT  # full: the next one did not fit
+        assert 0 < pipeline.stats.queued_bytes <= LIMIT
+        assert pipeline.stats.queued_bytes + 300_000 > LIMIT  # full: the next one did not fit
         SlowSink.gate.set()
         (sink,) = pipeline.sinks
         assert isinstance(sink, MemorySink)
         await wait_until(lambda: len(sink.events) == TRANSACTIONS * ROWS, "every row")
-        assert pipeline._queued_bytes == 0
+        assert pipeline.stats.queued_bytes == 0
         ids = [ev.value()["after"]["id"] for ev in sink.events]
         assert ids == list(range(TRANSACTIONS * ROWS))
     finally:

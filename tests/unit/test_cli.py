@@ -1,4 +1,4 @@
-"""cdcd.cli: usage, exit codes, dispatch to cdcd.app / cdcd.quickstart, error reporting."""
+"""cdcd.cli: usage, exit codes, dispatch to cdcd.commands / cdcd.quickstart, error reporting."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from pydantic import BaseModel, ConfigDict
 
 import cdcd
 from cdcd import __version__
-from cdcd.cli import main, run_async
+from cdcd.cli import main
 from cdcd.config import Config
 from cdcd.errors import ConfigError, DefiniteSourceError, TransientSinkError
+from cdcd.runtime import run_async
 from cdcd.sinks import registry
 from cdcd.sinks.base import Sink
 
@@ -96,13 +97,13 @@ class FakeApp:
 @pytest.fixture
 def app(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeApp]:
     fake = FakeApp()
-    app_module = types.ModuleType("cdcd.app")
+    app_module = types.ModuleType("cdcd.commands")
     app_module.run = fake.run  # type: ignore[attr-defined]
     app_module.check = fake.check  # type: ignore[attr-defined]
     app_module.slot = fake.slot  # type: ignore[attr-defined]
     quickstart_module = types.ModuleType("cdcd.quickstart")
     quickstart_module.main = fake.quickstart  # type: ignore[attr-defined]
-    for name, module in (("app", app_module), ("quickstart", quickstart_module)):
+    for name, module in (("commands", app_module), ("quickstart", quickstart_module)):
         monkeypatch.setitem(sys.modules, f"cdcd.{name}", module)
         monkeypatch.setattr(cdcd, name, module, raising=False)
     yield fake

@@ -1,0 +1,190 @@
+"""The daemon: wires the stages together and runs them until done, stopped or failed.
+
+::
+
+    PostgreSQL ──XLogData──▶ Reader (decoder ▶ assembler) ──Transaction──▶ Writer ──▶ sink tasks
+        ▲                        │ Supervisor: reconnect, backoff                    │
+        └──status update── Acker ◀── ProgressTracker ◀── durable positions ◀─────────┘
+
+Each stage is its own module in :mod:`cdcd.pipeline`; this one only builds them, takes the
+initial snapshot when the source asks for one, starts the tasks, and stops them: a failure of
+any task stops all of them (no zombie tasks) and propagates; a stop request (SIGTERM/SIGINT)
+or ``--endpos`` stops reading, drains the writer (bounded by ``shutdown.grace_period`` unless
+draining to ``--endpos``), flushes every sink and confirms what is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import structlog
+
+from cdcd.assembler.assembler import Assembler
+from cdcd.benchlog import LatencyLog, write_stats
+from cdcd.catalog import LiveCatalog
+from cdcd.config import Config
+from cdcd.errors import EXIT_FAILURE, EXIT_OK
+from cdcd.pipeline.acker import Acker
+from cdcd.pipeline.progress import ProgressTracker
+from cdcd.pipeline.reader import Reader
+from cdcd.pipeline.slot_watch import watch_slot
+from cdcd.pipeline.snapshot import initial_snapshot
+from cdcd.pipeline.stats import Stats
+from cdcd.pipeline.supervisor import Supervisor
+from cdcd.pipeline.writer import Writer
+from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.encoding import Encoder
+from cdcd.sinks.registry import load_sink_class
+from cdcd.source import Source
+
+log = structlog.get_logger("cdcd.pipeline")
+
+
+class Pipeline:
+    """One running daemon. ``stats`` may be read at any time (the HTTP endpoint does)."""
+
+    def __init__(self, config: Config, *, endpos: int | None = None) -> None:
+        self.config = config
+        self.endpos = endpos
+        self.stats = Stats()
+        self.sinks: list[Sink] = []
+        self.assembler: Assembler | None = None
+        self.writer: Writer | None = None
+        self.acker: Acker | None = None
+        self.reader: Reader | None = None
+        self.tracker: ProgressTracker | None = None
+        self._stop = asyncio.Event()
+        self._latency = LatencyLog.from_env()  # bench/run.py only (cdcd.benchlog)
+
+    def request_stop(self) -> None:
+        """SIGTERM/SIGINT: stop reading, drain the sinks, confirm what is durable."""
+        if not self._stop.is_set():
+            log.info("stopping: draining sinks")
+            self._stop.set()
+
+    async def run(self) -> int:
+        cfg = self.config
+        source = Source(cfg)
+        health = None
+        if cfg.http.enabled:
+            from cdcd.health import Health
+
+            health = Health(self.stats)
+            assert cfg.http.host is not None and cfg.http.port is not None
+            await health.start(cfg.http.host, cfg.http.port)
+        supervisor: Supervisor | None = None
+        try:
+            # wal_level, publication, slot (definite errors raise here)
+            plan = await source.prepare()
+            context = SinkContext(
+                name=cfg.name, database=source.database, config_dir=cfg.config_dir
+            )
+            catalog = LiveCatalog(source.catalog_conn)
+            self.assembler = assembler = Assembler(
+                memory_limit=cfg.buffer.memory_limit,
+                spill_dir=cfg.buffer.spill_dir,
+                on_type=catalog.types.observe,
+            )
+            self.sinks = [load_sink_class(spec.type)(spec.config, context) for spec in cfg.sinks]
+            self.tracker = tracker = ProgressTracker(len(self.sinks))
+            encoder = Encoder(context, catalog)
+            self.writer = writer = Writer(
+                self.sinks,
+                encoder,
+                tracker,
+                self.stats,
+                memory_limit=cfg.buffer.memory_limit,
+                max_transactions=cfg.buffer.queue_transactions,
+                latency=self._latency,
+            )
+            for sink in self.sinks:
+                await sink.start()
+            if plan is not None:
+                try:
+                    await initial_snapshot(
+                        cfg, source, plan, writer, encoder, catalog, tracker, self.stats
+                    )
+                finally:
+                    await plan.close()
+            if cfg.snapshot.mode == "initial_only":
+                log.info("snapshot.mode is initial_only: done")
+                return EXIT_OK
+            self.reader = reader = Reader(
+                cfg,
+                assembler,
+                catalog,
+                tracker,
+                writer,
+                self.stats,
+                endpos=self.endpos,
+                stop=self._stop,
+            )
+            supervisor = Supervisor(source, reader, catalog, self.stats, self._stop)
+            self.acker = Acker(
+                tracker, assembler, writer, reader, supervisor, self.stats, self._stop
+            )
+            return await self._stream(supervisor, reader, writer, self.acker, source)
+        finally:
+            for sink in self.sinks:
+                with contextlib.suppress(Exception):
+                    await sink.close()
+            if supervisor is not None:
+                await supervisor.close_client()
+            await source.close()
+            if health is not None:
+                await health.close()
+            write_stats(self.stats, self.assembler)
+            if self._latency is not None:
+                self._latency.close()
+
+    async def _stream(
+        self, supervisor: Supervisor, reader: Reader, writer: Writer, acker: Acker, source: Source
+    ) -> int:
+        writing = asyncio.create_task(writer.run(), name="writer")
+        reading = asyncio.create_task(supervisor.run(), name="reader")
+        tasks: set[asyncio.Task[Any]] = {
+            writing,
+            reading,
+            asyncio.create_task(acker.run(), name="acker"),
+            asyncio.create_task(watch_slot(source, self.stats), name="slot-watch"),
+        }
+        stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
+        tasks.add(stop_waiter)
+        if self._latency is not None:
+            assert self.tracker is not None
+            tasks.add(
+                asyncio.create_task(self._latency.watch(self.tracker.durable_lsn), name="latency")
+            )
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stop_waiter and task.exception():
+                    raise task.exception()  # type: ignore[misc]
+            # Orderly stop (signal or endpos): stop reading, then drain the writer. With
+            # --endpos everything up to it must be written, however long that takes; on a
+            # signal the grace period bounds the drain (what is not confirmed is resent).
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+            writer.close()
+            if reader.endpos_reached:
+                await writing
+            else:
+                try:
+                    await asyncio.wait_for(writing, timeout=self.config.shutdown.grace_period)
+                except TimeoutError:
+                    log.error(
+                        "shutdown grace period expired before the sinks drained; what was "
+                        "not confirmed will be sent again at the next start",
+                        grace_period_s=self.config.shutdown.grace_period,
+                    )
+                    return EXIT_FAILURE
+            await writer.flush_all()
+            await acker.acknowledge(final=True)
+            return EXIT_OK
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

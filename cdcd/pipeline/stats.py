@@ -1,0 +1,101 @@
+"""The pipeline's counters and gauges: what ``/metrics``, the logs and the benchmark read.
+
+The stages write plain attributes on the hot path; readers (the HTTP endpoint, the benchmark's
+stats file) only read. Nothing here refers back to the stages.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cdcd.lsn import pg_to_unix_us
+
+#: upper bounds (seconds) of the sink latency histograms
+WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+FLUSH_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+class Histogram:
+    """Observations counted in fixed buckets (Prometheus' cumulative form on export)."""
+
+    __slots__ = ("buckets", "counts", "sum")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one: above every bound
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                return
+        self.counts[-1] += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``[(le, count), ...]`` ending with ``+Inf``."""
+        out: list[tuple[str, int]] = []
+        total = 0
+        for bound, count in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
+            total += count
+            out.append((bound, total))
+        return out
+
+
+@dataclass
+class SinkStats:
+    """Per sink: its position and how long its calls take."""
+
+    type_name: str
+    handed_lsn: int = 0
+    durable_lsn: int = 0
+    retries: int = 0
+    write_seconds: Histogram = field(default_factory=lambda: Histogram(WRITE_BUCKETS))
+    flush_seconds: Histogram = field(default_factory=lambda: Histogram(FLUSH_BUCKETS))
+
+
+@dataclass
+class Stats:
+    """Everything the pipeline reports. Written by its stages, read by anyone."""
+
+    received_bytes: int = 0
+    received_messages: int = 0
+    transactions: int = 0
+    events: int = 0
+    events_by: dict[tuple[str, str], int] = field(default_factory=dict)
+    reconnects: int = 0
+    server_wal_end: int = 0
+    confirmed_lsn: int = 0
+    last_commit_time_us: int = 0
+    #: nothing in flight (the acker's last look): the lag is then zero
+    caught_up: bool = True
+    streaming: bool = False
+    connected: bool = False
+    #: the source is reachable but not usable yet (e.g. a standby not promoted): why
+    waiting_for: str | None = None
+    slot_wal_status: str | None = None
+    slot_safe_wal_size: int | None = None
+    slot_retained_bytes: int = 0
+    # the assembler's gauges, refreshed by the reader after each batch
+    buffered_bytes: int = 0
+    spilled_bytes: int = 0
+    total_spilled_bytes: int = 0
+    spill_count: int = 0
+    open_streams: int = 0
+    held_prepared: int = 0
+    #: bytes of committed transactions waiting for (or being written to) the sinks
+    queued_bytes: int = 0
+    sinks: list[SinkStats] = field(default_factory=list)
+
+    def lag_seconds(self, now: float | None = None) -> float:
+        """Now minus the commit time of the last delivered transaction; 0 when caught up."""
+        if self.caught_up or not self.last_commit_time_us:
+            return 0.0
+        now = time.time() if now is None else now
+        return max(0.0, now - pg_to_unix_us(self.last_commit_time_us) / 1e6)
+
+    def count(self, table: str, op: str, n: int = 1) -> None:
+        key = (table, op)
+        self.events_by[key] = self.events_by.get(key, 0) + n

@@ -1,0 +1,101 @@
+"""Supervision of the source: reconnect with backoff, give up when told to.
+
+Failures are classified by :mod:`cdcd.errors`, and this module acts on the class alone: a
+:class:`~cdcd.errors.TransientSourceError` (connection lost, server restarting, standby not
+promoted yet) reconnects after a backoff that doubles from ``source.reconnect_min_backoff`` to
+``source.reconnect_max_backoff``, until ``source.give_up_after`` seconds of consecutive failures
+(then it becomes definite); anything else propagates and stops the daemon (``cdcd.runtime`` maps
+it to an exit code). A session that streamed resets the backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import structlog
+
+from cdcd.catalog import LiveCatalog
+from cdcd.errors import DefiniteSourceError, TransientSourceError
+from cdcd.pipeline.reader import Reader
+from cdcd.pipeline.stats import Stats
+from cdcd.replication.client import ReplicationClient
+
+log = structlog.get_logger("cdcd.supervisor")
+
+
+class Supervisor:
+    """Runs :class:`Reader` sessions on fresh connections until it returns normally."""
+
+    def __init__(
+        self,
+        source: Any,
+        reader: Reader,
+        catalog: LiveCatalog,
+        stats: Stats,
+        stop: asyncio.Event,
+    ) -> None:
+        self.source = source
+        self.reader = reader
+        self.catalog = catalog
+        self.stats = stats
+        self._stop = stop
+        self.client: ReplicationClient | None = None
+        self._catalog_stale = False  # the source was lost: reconnect the catalog too
+
+    async def run(self) -> None:
+        src = self.source.config.source
+        backoff = src.reconnect_min_backoff
+        failing_since: float | None = None
+        while not self._stop.is_set():
+            try:
+                await self._session()
+                return  # endpos reached or stop requested
+            except TransientSourceError as exc:
+                stats = self.stats
+                if stats.streaming:  # it had been streaming: a new run of failures starts
+                    backoff = src.reconnect_min_backoff
+                    failing_since = None
+                stats.connected = False
+                stats.streaming = False
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if src.give_up_after is not None and now - failing_since > src.give_up_after:
+                    raise DefiniteSourceError(
+                        f"giving up after {src.give_up_after:.0f} s of failed connections: {exc}"
+                    ) from exc
+                stats.reconnects += 1
+                self._catalog_stale = True
+                log.warning(
+                    "source connection lost; reconnecting", error=str(exc), backoff_s=backoff
+                )
+                await self.close_client()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, src.reconnect_max_backoff)
+
+    async def _session(self) -> None:
+        if self._catalog_stale:
+            self.catalog.use_connection(await self.source.reconnect_catalog())
+            self._catalog_stale = False
+        client = await self.source.replication_client()
+        self.client = client
+        client.on_notice = self._on_server_notice
+        await self.reader.stream(client)
+
+    def _on_server_notice(self, fields: Any) -> None:
+        # PostgreSQL 18 does not fail when the publication is missing at a WAL position: it
+        # warns "skipped loading publication" (55000) and publishes nothing of those changes
+        # (15-17 fail with an error, which ends the stream). The acker checks whether it was
+        # dropped.
+        if fields.code == "55000" and "publication" in fields.message:
+            self.publication_check_due = True
+
+    publication_check_due = False
+
+    async def close_client(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
