@@ -2,7 +2,7 @@
 
 ::
 
-    CdcdError                      base; ``retriable`` says what the supervisor does
+    CdcdError                      base; its class says what the supervisor does
     ├── ConfigError                bad configuration or usage            exit 2, definite
     ├── ProtocolError              bytes that break the protocol         definite
     │   ├── LocalProtocolError     we broke it (a bug in cdcd)
@@ -30,9 +30,8 @@ EXIT_SOURCE = 3
 
 
 class CdcdError(Exception):
-    """Base of every cdcd error. ``retriable``: may the supervisor try again?"""
+    """Base of every cdcd error; ``exit_code`` is the process's exit code when it ends cdcd."""
 
-    retriable: bool = False
     exit_code: int = EXIT_FAILURE
 
 
@@ -85,8 +84,6 @@ class DefiniteSourceError(SourceError):
 class TransientSourceError(SourceError):
     """The connection failed in a way that reconnecting may fix."""
 
-    retriable = True
-
 
 class SinkError(CdcdError):
     """A sink could not make data durable."""
@@ -98,5 +95,3 @@ class DefiniteSinkError(SinkError):
 
 class TransientSinkError(SinkError):
     """A sink failure that may pass (broker down, timeout)."""
-
-    retriable = True

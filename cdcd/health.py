@@ -1,7 +1,7 @@
 """The HTTP endpoint: ``/healthz`` (alive), ``/readyz`` (connected and streaming) and
 ``/metrics`` (Prometheus text format).
 
-Metrics are read from the pipeline's statistics object (:class:`cdcd.pipeline.stats.Stats`) when
+Metrics are read from the pipeline's statistics object (:class:`cdcd.stats.Stats`) when
 scraped (a custom collector), so the hot path only increments plain integers; the endpoint
 never touches the pipeline itself. The server is a deliberately tiny HTTP/1.1 responder on asyncio
 streams: three GET routes, no keep-alive, no dependencies beyond prometheus-client.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from cdcd.pipeline.stats import Stats
+    from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.health")
 
@@ -29,7 +28,7 @@ WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
 class StatsCollector(Collector):
-    """Reads :class:`~cdcd.pipeline.stats.Stats` at scrape time."""
+    """Reads :class:`~cdcd.stats.Stats` at scrape time."""
 
     def __init__(self, stats: Stats) -> None:
         self.stats = stats
@@ -222,7 +221,3 @@ class Health:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-
-
-def now_us() -> int:
-    return int(time.time() * 1_000_000)

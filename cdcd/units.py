@@ -97,14 +97,6 @@ def parse_duration(value: Any) -> float:
     raise ValueError(f"bad duration {value!r} (use e.g. 500ms, 10s, 2m, 1h)")
 
 
-def format_size(size: int) -> str:
-    """The shortest exact binary form: ``268435456`` -> ``"256MiB"``."""
-    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if size and size % factor == 0:
-            return f"{size // factor}{unit}"
-    return str(size)
-
-
 ByteSize = Annotated[int, BeforeValidator(parse_size)]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 

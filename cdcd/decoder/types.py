@@ -103,13 +103,6 @@ class _Codec:
     bin_native: Converter
 
 
-def _bin_via_text(render: Callable[[bytes], str], text_conv: Converter) -> Converter:
-    def convert(b: bytes) -> Any:
-        return text_conv(render(b).encode())
-
-    return convert
-
-
 def _decode(b: bytes) -> str:
     return b.decode()
 

@@ -162,10 +162,6 @@ def float4_value(b: bytes) -> float:
     return float(_float4_shortest(x))
 
 
-def float8_value(b: bytes) -> float:
-    return float(_f64.unpack(b)[0])
-
-
 def render_float4(b: bytes) -> str:
     return float4_text(_f32.unpack(b)[0])
 
@@ -341,10 +337,6 @@ def timezone_text(tz_west: int) -> str:
     if mi:
         return f"{sign}{hh:02d}:{mi:02d}"
     return f"{sign}{hh:02d}"
-
-
-def date_days(b: bytes) -> int:
-    return int(_i32.unpack(b)[0])
 
 
 def render_date(b: bytes) -> str:

@@ -19,9 +19,9 @@ from cdcd.errors import CdcdError, DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.reader import Reader
-from cdcd.pipeline.stats import Stats
 from cdcd.pipeline.supervisor import Supervisor
 from cdcd.pipeline.writer import Writer
+from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.acker")
 

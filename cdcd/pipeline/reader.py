@@ -30,10 +30,10 @@ from cdcd.decoder.pgoutput import PgOutputDecoder
 from cdcd.errors import SpillError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.stats import Stats
 from cdcd.pipeline.writer import Writer
 from cdcd.replication.client import ReplicationClient
 from cdcd.replication.options import stream_options
+from cdcd.stats import Stats
 from cdcd.wire.replication import PrimaryKeepalive
 
 log = structlog.get_logger("cdcd.reader")

@@ -31,13 +31,13 @@ from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.reader import Reader
 from cdcd.pipeline.slot_watch import watch_slot
 from cdcd.pipeline.snapshot import initial_snapshot
-from cdcd.pipeline.stats import Stats
 from cdcd.pipeline.supervisor import Supervisor
 from cdcd.pipeline.writer import Writer
 from cdcd.sinks.base import Sink, SinkContext
 from cdcd.sinks.encoding import Encoder
 from cdcd.sinks.registry import load_sink_class
 from cdcd.source import Source
+from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.pipeline")
 

@@ -11,8 +11,8 @@ from typing import Any
 import structlog
 
 from cdcd.lsn import parse_lsn
-from cdcd.pipeline.stats import Stats
 from cdcd.source import SLOT_HEALTH_SQL, open_sql
+from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.slot_watch")
 

@@ -22,11 +22,11 @@ from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
 from cdcd.lsn import format_lsn, unix_to_pg_us
 from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.stats import Stats
 from cdcd.pipeline.writer import Writer, retrying
 from cdcd.sinks.encoding import Encoder
 from cdcd.snapshot import published_tables, read_rows
 from cdcd.source import open_sql
+from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.snapshot")
 

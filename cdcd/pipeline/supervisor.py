@@ -20,8 +20,8 @@ import structlog
 from cdcd.catalog import LiveCatalog
 from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.pipeline.reader import Reader
-from cdcd.pipeline.stats import Stats
 from cdcd.replication.client import ReplicationClient
+from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.supervisor")
 

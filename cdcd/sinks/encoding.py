@@ -623,10 +623,6 @@ class Encoder:
         """The table's columns (name, type name, type oid, typmod, key flag) and key."""
         return self._rel(relation).schema_info()
 
-    def forget_relations(self) -> None:
-        """Drop the per-relation caches (after a reconnect, when the decoder starts over)."""
-        self._rels.clear()
-
     def events(self, txn: Transaction) -> Iterator[ChangeEvent]:
         """The events of ``txn`` in ``seq`` order."""
         transactional = txn.kind != "message"

@@ -408,11 +408,6 @@ class KafkaSink(Sink):
 
     # --- building records --------------------------------------------------------------------
 
-    def topic_for(self, event: ChangeEvent) -> str:
-        if event.op == "m" or event.schema is None:
-            return self.message_topic
-        return self._topic_of(event)[0]
-
     def _topic_of(self, event: ChangeEvent) -> tuple[str, str]:
         """(topic, "schema.table") of a table's event, remembered per table."""
         name = f"{event.schema}.{event.table}"
