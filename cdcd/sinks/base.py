@@ -1,40 +1,27 @@
 """The sink contract: how committed transactions leave cdcd.
 
-Delivery is **at-least-once**. After a crash PostgreSQL resends every transaction whose end
-LSN was not confirmed, so a sink sees again events it may already have published. Every event
-carries its unique, totally ordered position ``(commit_lsn, seq)``; a sink either recognises
-and skips what it already holds (the file sinks do, so their output has no duplicates) or
-publishes duplicates that carry the same position (Kafka, where consumers deduplicate).
+``docs/sinks.md`` is the full description, with an example a third party can copy; in short:
 
-The pipeline drives a sink like this, one transaction at a time, in commit order::
+* Delivery is **at-least-once**: after a crash PostgreSQL resends every transaction whose end LSN
+  was not confirmed. Every event carries its unique, totally ordered position
+  ``(commit_lsn, seq)``; a sink skips what it already holds (the file sinks) or publishes the
+  duplicate with the same position (Kafka).
+* Each sink runs in its own task, one transaction at a time, in commit order: ``begin(txn)``,
+  ``write(batch)`` for each batch of at most 1,000 events, ``commit(txn)``; ``flush()`` when its
+  ``flush_interval`` has passed; ``close()`` at the end.
+* ``durable_lsn()`` is the end LSN of the newest transaction whose every event the sink holds
+  durably, and never decreases (``_mark_durable``). The LSN confirmed to PostgreSQL is the
+  minimum over all sinks: a sink must never report a transaction before it is durable.
+* :class:`~cdcd.errors.TransientSinkError` from any method: the pipeline calls that method again
+  with the same arguments after a backoff (so a method raising it took nothing of the call).
+  Anything else stops cdcd.
+* Optional fast path: ``wants_events = False`` and ``write_changes`` take decoded changes instead
+  of events (the null sink, which measures decoding alone).
 
-    await sink.start()
-    for each committed transaction txn:
-        await sink.begin(txn)
-        for each batch of its events (bounded size; a huge transaction comes in many):
-            await sink.write(batch)
-        await sink.commit(txn)         # handed over completely; not necessarily durable yet
-        ... sink.durable_lsn() rises as the sink makes transactions durable ...
-    await sink.flush()                 # make everything handed over durable now
-    await sink.close()
-
-A sink that needs no events (``wants_events`` False: the null sink, which measures decoding
-and assembly) gets ``write_changes(records)`` with the transaction's decoded changes instead
-of ``write``, and the pipeline then builds no events, unless another sink wants them, in
-which case every sink gets events.
-
-``durable_lsn()`` returns the ``end_lsn`` of the newest transaction whose every event the sink
-holds durably (fsynced file renamed into place, broker acknowledged every record), and never
-decreases. The LSN confirmed to PostgreSQL is the minimum over all sinks, so a sink must never
-report a transaction before it is durable: that is the one rule that prevents data loss.
-
-A sink signals failure by raising :class:`cdcd.errors.SinkError` (``TransientSinkError`` when
-waiting and retrying may help). It must translate its library's exceptions itself.
-
-Sinks are chosen by ``type`` in the config. Built-in and third-party sinks register their class
-under the ``cdcd.sinks`` entry-point group (see :mod:`cdcd.sinks.registry`). A sink class has a
-pydantic model ``Config`` (``extra="forbid"``; the ``type`` key is removed before validation)
-and is built as ``cls(config: cls.Config, context: SinkContext)``.
+Sinks are chosen by ``type`` in the config: built-in and third-party classes register under the
+``cdcd.sinks`` entry-point group (:mod:`cdcd.sinks.registry`). A sink class has a pydantic model
+``Config`` (``extra="forbid"``; the ``type`` key is removed before validation) and is built as
+``cls(config: cls.Config, context: SinkContext)``.
 """
 
 from __future__ import annotations
@@ -49,9 +36,12 @@ from pydantic import BaseModel
 
 from cdcd.lsn import Progress
 
+from cdcd.assembler.transaction import ChangeRecord, Transaction
+
 if TYPE_CHECKING:
-    from cdcd.assembler.transaction import ChangeRecord, Transaction
-    from cdcd.sinks.encoding import ChangeEvent
+    from cdcd.events import ChangeEvent
+
+__all__ = ["ChangeRecord", "Sink", "SinkContext", "Transaction"]
 
 
 @dataclass(frozen=True, slots=True)
