@@ -34,9 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
-from cdcd.lsn import Progress
-
 from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.lsn import Progress
 
 if TYPE_CHECKING:
     from cdcd.events import ChangeEvent
