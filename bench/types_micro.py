@@ -11,7 +11,7 @@ import time
 import uuid
 
 from cdcd.decoder.events import Column, Relation, TupleData
-from cdcd.decoder.types import RowDecoder, TypeRegistry
+from cdcd.values.types import RowDecoder, TypeRegistry
 
 OIDS = (23, 20, 25, 1043, 1700, 16, 1184, 1114, 701, 2950)
 TEXT = (

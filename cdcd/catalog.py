@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from cdcd.decoder.events import Relation
-from cdcd.decoder.types import TypeInfo, TypeRegistry
+from cdcd.values.types import TypeInfo, TypeRegistry
 from cdcd.errors import TransientSourceError
 
 _KEY_SQL = """

@@ -4,7 +4,7 @@ The stream names columns and marks replica-identity columns (``Column.flags & 1`
 REPLICA IDENTITY FULL *every* column is flagged (PITFALLS, "Tuples and types"), so the event
 key (CONTRACT §3: primary key, else replica-identity index columns, else none) must come from
 the catalog. A :class:`Catalog` answers that question, and carries the
-:class:`~cdcd.decoder.types.TypeRegistry` that names types and builds value converters.
+:class:`~cdcd.values.types.TypeRegistry` that names types and builds value converters.
 
 Two implementations:
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from cdcd.decoder.events import Relation
-from cdcd.decoder.types import TypeRegistry
+from cdcd.values.types import TypeRegistry
 
 
 def schema_name(relation: Relation) -> str:

@@ -3,7 +3,7 @@
 CONTRACT.md §3. Every sink receives the same :class:`ChangeEvent` objects, so positions
 ``(commit_lsn, seq)`` are identical in every sink. Values are converted lazily, once per event
 and per representation (JSON-ready for JSON Lines and Kafka, native for Parquet), with
-per-relation precomputed converters from :mod:`cdcd.decoder.types`.
+per-relation precomputed converters from :mod:`cdcd.values.types`.
 
 ``ChangeEvent`` attributes:
     op: str                 "c" "u" "d" "r" "t" "m"
@@ -88,7 +88,7 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
-from cdcd.decoder.types import UNCHANGED_TOAST, RowDecoder
+from cdcd.values.types import UNCHANGED_TOAST, RowDecoder
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import SinkContext
 from cdcd.sinks.catalog import Catalog, schema_name

@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcd.decoder.events import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
-from cdcd.decoder.types import UNCHANGED_TOAST, TypeRegistry
+from cdcd.values.types import UNCHANGED_TOAST, TypeRegistry
 
 if TYPE_CHECKING:
     from cdcd.sinks.encoding import ChangeEvent

@@ -21,7 +21,7 @@ import pytest
 from cdcd.decoder.events import Insert, Relation
 from cdcd.decoder.events import Type as TypeMessage
 from cdcd.decoder.pgoutput import PgOutputDecoder
-from cdcd.decoder.types import (
+from cdcd.values.types import (
     BINARY_FALLBACK_PREFIX,
     RowDecoder,
     TypeInfo,

@@ -1,6 +1,6 @@
 """Builders for the sink unit tests: Relations, text TupleData and Transactions made directly
 from pgoutput events, with no server. Values are converted by the real
-:mod:`cdcd.decoder.types` (the tests use int4 and text columns)."""
+:mod:`cdcd.values.types` (the tests use int4 and text columns)."""
 
 from __future__ import annotations
 

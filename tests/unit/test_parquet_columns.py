@@ -27,7 +27,7 @@ from cdcd.decoder.events import (
     Relation,
     TupleData,
 )
-from cdcd.decoder.types import TypeInfo
+from cdcd.values.types import TypeInfo
 from cdcd.sinks import parquet
 from cdcd.sinks.encoding import ChangeEvent, Encoder
 from cdcd.sinks.file import FileSink, FileSinkConfig

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from cdcd.decoder.events import Column, Relation
-from cdcd.decoder.types import TypeInfo, TypeRegistry
+from cdcd.values.types import TypeInfo, TypeRegistry
 from cdcd.sinks.parquet import RowLayout, column_type
 from tests.unit.sink_fixtures import TxnBuilder, encoder, tup
 

@@ -1,4 +1,4 @@
-"""Value conversion (cdcd.decoder.types): table-driven text and binary cases per type, and
+"""Value conversion (cdcd.values.types): table-driven text and binary cases per type, and
 Hypothesis round trips through a reference encoder of PostgreSQL's send formats.
 
 The reference encoders below follow the ``*_send`` functions of ``src/backend/utils/adt``;
@@ -21,10 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdcd.decoder import values_binary as vb
+from cdcd.values import binary as vb
 from cdcd.decoder.events import Column, Relation, TupleData
 from cdcd.decoder.events import Type as TypeMessage
-from cdcd.decoder.types import (
+from cdcd.values.types import (
     BINARY_FALLBACK_PREFIX,
     UNCHANGED_TOAST,
     RowDecoder,

@@ -50,9 +50,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, Literal
 
-from cdcd.decoder import values_binary as vb
-from cdcd.decoder import values_text as vt
-from cdcd.decoder.builtin_types import BUILTIN_TYPES
 from cdcd.decoder.events import (
     KIND_BINARY,
     KIND_NULL,
@@ -63,6 +60,9 @@ from cdcd.decoder.events import (
 )
 from cdcd.decoder.events import Type as TypeMessage
 from cdcd.errors import RemoteProtocolError
+from cdcd.values import binary as vb
+from cdcd.values import text as vt
+from cdcd.values.builtin_types import BUILTIN_TYPES
 
 UNCHANGED_TOAST: Final = "__debezium_unavailable_value"
 

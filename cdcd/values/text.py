@@ -20,8 +20,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Final
 
-from cdcd.decoder import values_binary as vb
 from cdcd.errors import RemoteProtocolError
+from cdcd.values import binary as vb
 
 Converter = Callable[[bytes], Any]
 

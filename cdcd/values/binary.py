@@ -21,7 +21,6 @@ Dates and timestamps use PostgreSQL's own Julian-day arithmetic (``date2j``/``j2
 from __future__ import annotations
 
 import binascii
-import datetime as _dt
 import functools
 import ipaddress
 import math
@@ -30,49 +29,90 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from cdcd.errors import RemoteProtocolError
-
-# --- constants ------------------------------------------------------------------------------
-
-POSTGRES_EPOCH_JDATE: Final = 2451545  # date2j(2000, 1, 1)
-USECS_PER_DAY: Final = 86_400_000_000
-USECS_PER_HOUR: Final = 3_600_000_000
-USECS_PER_MINUTE: Final = 60_000_000
-USECS_PER_SEC: Final = 1_000_000
-INT32_MIN: Final = -(2**31)
-INT32_MAX: Final = 2**31 - 1
-INT64_MIN: Final = -(2**63)
-INT64_MAX: Final = 2**63 - 1
-#: ``date(2000, 1, 1).toordinal()``: PostgreSQL epoch day as a Python ordinal.
-_PG_EPOCH_ORDINAL: Final = 730120
-PG_EPOCH_DATETIME: Final = _dt.datetime(2000, 1, 1)
-PG_EPOCH_DATETIME_UTC: Final = _dt.datetime(2000, 1, 1, tzinfo=_dt.UTC)
-
-_i16 = struct.Struct(">h")
-_i32 = struct.Struct(">i")
-_i64 = struct.Struct(">q")
-_f32 = struct.Struct(">f")
-_f64 = struct.Struct(">d")
-_ii = struct.Struct(">ii")
-_qi = struct.Struct(">qi")
-_qii = struct.Struct(">qii")
-_numeric_head = struct.Struct(">hhHH")
-_dd = struct.Struct(">dd")
-
-unpack_i16: Final = _i16.unpack
-unpack_i32: Final = _i32.unpack
-unpack_i64: Final = _i64.unpack
-unpack_f32: Final = _f32.unpack
-unpack_f64: Final = _f64.unpack
-
-
-class NoRendererError(RemoteProtocolError):
-    """A container holds a value of a type with no exact binary renderer."""
-
-
-def _short(b: bytes, need: int, what: str) -> None:
-    if len(b) < need:
-        raise RemoteProtocolError(f"binary {what} value too short: {len(b)} bytes, need {need}")
-
+from cdcd.values.binary_base import (
+    POSTGRES_EPOCH_JDATE as POSTGRES_EPOCH_JDATE,
+)
+from cdcd.values.binary_base import (
+    NoRendererError as NoRendererError,
+)
+from cdcd.values.binary_base import (
+    _dd,
+    _f32,
+    _f64,
+    _i32,
+    _i64,
+    _ii,
+    _numeric_head,
+)
+from cdcd.values.binary_base import (
+    check_length as check_length,
+)
+from cdcd.values.binary_base import (
+    unpack_f64 as unpack_f64,
+)
+from cdcd.values.binary_time import (
+    date2j as date2j,
+)
+from cdcd.values.binary_time import (
+    date_native as date_native,
+)
+from cdcd.values.binary_time import (
+    interval_iso as interval_iso,
+)
+from cdcd.values.binary_time import (
+    j2date as j2date,
+)
+from cdcd.values.binary_time import (
+    render_date as render_date,
+)
+from cdcd.values.binary_time import (
+    render_interval as render_interval,
+)
+from cdcd.values.binary_time import (
+    render_time as render_time,
+)
+from cdcd.values.binary_time import (
+    render_timestamp as render_timestamp,
+)
+from cdcd.values.binary_time import (
+    render_timestamptz as render_timestamptz,
+)
+from cdcd.values.binary_time import (
+    render_timetz as render_timetz,
+)
+from cdcd.values.binary_time import (
+    time_native as time_native,
+)
+from cdcd.values.binary_time import (
+    timestamp_iso as timestamp_iso,
+)
+from cdcd.values.binary_time import (
+    timestamp_json as timestamp_json,
+)
+from cdcd.values.binary_time import (
+    timestamp_native as timestamp_native,
+)
+from cdcd.values.binary_time import (
+    timestamp_native_us as timestamp_native_us,
+)
+from cdcd.values.binary_time import (
+    timestamp_text as timestamp_text,
+)
+from cdcd.values.binary_time import (
+    timestamptz_iso as timestamptz_iso,
+)
+from cdcd.values.binary_time import (
+    timestamptz_json as timestamptz_json,
+)
+from cdcd.values.binary_time import (
+    timestamptz_native as timestamptz_native,
+)
+from cdcd.values.binary_time import (
+    timestamptz_native_us as timestamptz_native_us,
+)
+from cdcd.values.binary_time import (
+    timezone_text as timezone_text,
+)
 
 # --- integers, floats, bool ------------------------------------------------------------------
 
@@ -190,7 +230,7 @@ NUMERIC_NINF: Final = 0xF000
 def render_numeric(b: bytes) -> str:
     """``numeric_send`` (ndigits, weight, sign, dscale, base-10000 digits) rendered like
     ``get_str_from_var``: all integer digits, then exactly ``dscale`` fraction digits."""
-    _short(b, 8, "numeric")
+    check_length(b, 8, "numeric")
     ndigits, weight, sign, dscale = _numeric_head.unpack_from(b)
     if sign == NUMERIC_NAN:
         return "NaN"
@@ -198,7 +238,7 @@ def render_numeric(b: bytes) -> str:
         return "Infinity"
     if sign == NUMERIC_NINF:
         return "-Infinity"
-    _short(b, 8 + 2 * ndigits, "numeric")
+    check_length(b, 8 + 2 * ndigits, "numeric")
     digits = struct.unpack_from(f">{ndigits}h", b, 8)
     s = ("%04d" * ndigits) % digits
     point = 4 * (weight + 1)
@@ -262,240 +302,9 @@ def bytea_base64(b: bytes) -> str:
 
 
 def render_uuid(b: bytes) -> str:
-    _short(b, 16, "uuid")
+    check_length(b, 16, "uuid")
     h = b.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-
-# --- date and time ---------------------------------------------------------------------------
-
-
-def date2j(year: int, month: int, day: int) -> int:
-    """Julian day of a proleptic Gregorian date (astronomical year: 1 BC is 0)."""
-    if month > 2:
-        month += 1
-        year += 4800
-    else:
-        month += 13
-        year += 4799
-    century = year // 100
-    julian = year * 365 - 32167
-    julian += year // 4 - century + century // 4
-    julian += 7834 * month // 256 + day
-    return julian
-
-
-def j2date(jd: int) -> tuple[int, int, int]:
-    julian = jd + 32044
-    quad = julian // 146097
-    extra = (julian - quad * 146097) * 4 + 3
-    julian += 60 + quad * 3 + extra // 146097
-    quad = julian // 1461
-    julian -= quad * 1461
-    y = julian * 4 // 1461
-    julian = ((julian + 305) % 365 if y != 0 else (julian + 306) % 366) + 123
-    y += quad * 4
-    quad = julian * 2141 // 65536
-    day = julian - 7834 * quad // 256
-    month = (quad + 10) % 12 + 1
-    return y - 4800, month, day
-
-
-def _ymd_text(year: int) -> tuple[str, bool]:
-    """Year as PostgreSQL prints it (``%04d``, BC years counted from 1) and whether it is BC."""
-    if year > 0:
-        return f"{year:04d}", False
-    return f"{1 - year:04d}", True
-
-
-def _date_text_from_days(days: int) -> str:
-    y, m, d = j2date(days + POSTGRES_EPOCH_JDATE)
-    ys, bc = _ymd_text(y)
-    return f"{ys}-{m:02d}-{d:02d}" + (" BC" if bc else "")
-
-
-def _fraction(us: int) -> str:
-    """``.ffffff`` with trailing zeros trimmed, or nothing (PostgreSQL's AppendSeconds)."""
-    return ("." + f"{us:06d}".rstrip("0")) if us else ""
-
-
-def _time_text(us: int) -> str:
-    hh, rem = divmod(us, USECS_PER_HOUR)
-    mi, rem = divmod(rem, USECS_PER_MINUTE)
-    ss, fr = divmod(rem, USECS_PER_SEC)
-    return f"{hh:02d}:{mi:02d}:{ss:02d}{_fraction(fr)}"
-
-
-def timezone_text(tz_west: int) -> str:
-    """``EncodeTimezone``: ``tz_west`` is seconds *west* of Greenwich (PostgreSQL's sign)."""
-    sec = abs(tz_west)
-    mi, sec = divmod(sec, 60)
-    hh, mi = divmod(mi, 60)
-    sign = "+" if tz_west <= 0 else "-"
-    if sec:
-        return f"{sign}{hh:02d}:{mi:02d}:{sec:02d}"
-    if mi:
-        return f"{sign}{hh:02d}:{mi:02d}"
-    return f"{sign}{hh:02d}"
-
-
-def render_date(b: bytes) -> str:
-    days = _i32.unpack(b)[0]
-    if days == INT32_MAX:
-        return "infinity"
-    if days == INT32_MIN:
-        return "-infinity"
-    if -730119 <= days <= 2921939:  # 0001-01-01 .. 9999-12-31
-        return _dt.date.fromordinal(days + _PG_EPOCH_ORDINAL).isoformat()
-    return _date_text_from_days(days)
-
-
-def date_native(b: bytes) -> _dt.date | None:
-    days = _i32.unpack(b)[0]
-    if -730119 <= days <= 2921939:
-        return _dt.date.fromordinal(days + _PG_EPOCH_ORDINAL)
-    return None
-
-
-def render_time(b: bytes) -> str:
-    return _time_text(_i64.unpack(b)[0])
-
-
-def time_native(b: bytes) -> _dt.time | None:
-    us = _i64.unpack(b)[0]
-    if not 0 <= us < USECS_PER_DAY:
-        return None  # 24:00:00 has no datetime.time
-    hh, rem = divmod(us, USECS_PER_HOUR)
-    mi, rem = divmod(rem, USECS_PER_MINUTE)
-    ss, fr = divmod(rem, USECS_PER_SEC)
-    return _dt.time(hh, mi, ss, fr)
-
-
-def render_timetz(b: bytes) -> str:
-    _short(b, 12, "timetz")
-    us, zone = _qi.unpack(b)
-    return _time_text(us) + timezone_text(zone)
-
-
-def timestamp_text(us: int, *, utc_suffix: bool) -> str:
-    """PostgreSQL's ISO text of a timestamp (µs since 2000-01-01); ``utc_suffix`` appends the
-    ``+00`` of a timestamptz shown with TimeZone=UTC, before any `` BC``."""
-    if us == INT64_MAX:
-        return "infinity"
-    if us == INT64_MIN:
-        return "-infinity"
-    days, tod = divmod(us, USECS_PER_DAY)
-    y, m, d = j2date(days + POSTGRES_EPOCH_JDATE)
-    ys, bc = _ymd_text(y)
-    s = f"{ys}-{m:02d}-{d:02d} {_time_text(tod)}"
-    if utc_suffix:
-        s += "+00"
-    return s + " BC" if bc else s
-
-
-def render_timestamp(b: bytes) -> str:
-    return timestamp_text(_i64.unpack(b)[0], utc_suffix=False)
-
-
-def render_timestamptz(b: bytes) -> str:
-    return timestamp_text(_i64.unpack(b)[0], utc_suffix=True)
-
-
-def timestamp_iso(us: int) -> str:
-    """JSON form of a timestamp: ISO-8601 ``YYYY-MM-DDTHH:MM:SS[.ffffff]`` (fraction trimmed as
-    PostgreSQL prints it); ``infinity``/``-infinity``; BC values as PostgreSQL's text."""
-    try:
-        dt = PG_EPOCH_DATETIME + _dt.timedelta(0, 0, us)
-    except OverflowError:
-        s = timestamp_text(us, utc_suffix=False)
-        return s if s[-1] in "Cy" else s.replace(" ", "T", 1)
-    if dt.microsecond:
-        return dt.isoformat().rstrip("0")
-    return dt.isoformat()
-
-
-def timestamptz_iso(us: int) -> str:
-    """JSON form of a timestamptz: ISO-8601 UTC with ``Z``; ``infinity``/``-infinity``; BC
-    values as PostgreSQL's text under TimeZone=UTC (``0044-03-15 12:00:00+00 BC``)."""
-    try:
-        dt = PG_EPOCH_DATETIME + _dt.timedelta(0, 0, us)
-    except OverflowError:
-        s = timestamp_text(us, utc_suffix=True)
-        return s if s[-1] in "Cy" else s[:-3].replace(" ", "T", 1) + "Z"
-    if dt.microsecond:
-        return dt.isoformat().rstrip("0") + "Z"
-    return dt.isoformat() + "Z"
-
-
-def timestamp_json(b: bytes) -> str:
-    return timestamp_iso(_i64.unpack(b)[0])
-
-
-def timestamptz_json(b: bytes) -> str:
-    return timestamptz_iso(_i64.unpack(b)[0])
-
-
-def timestamp_native_us(us: int) -> _dt.datetime | None:
-    try:
-        return PG_EPOCH_DATETIME + _dt.timedelta(0, 0, us)
-    except OverflowError:
-        return None  # ±infinity, BC, after 9999
-
-
-def timestamptz_native_us(us: int) -> _dt.datetime | None:
-    try:
-        return PG_EPOCH_DATETIME_UTC + _dt.timedelta(0, 0, us)
-    except OverflowError:
-        return None
-
-
-def timestamp_native(b: bytes) -> _dt.datetime | None:
-    return timestamp_native_us(_i64.unpack(b)[0])
-
-
-def timestamptz_native(b: bytes) -> _dt.datetime | None:
-    return timestamptz_native_us(_i64.unpack(b)[0])
-
-
-def _tdiv(a: int, b: int) -> tuple[int, int]:
-    """C division: quotient truncated toward zero, remainder with the dividend's sign."""
-    q = abs(a) // b
-    if a < 0:
-        q = -q
-    return q, a - q * b
-
-
-def interval_iso(us: int, days: int, months: int) -> str:
-    """``EncodeInterval`` with IntervalStyle=iso_8601 (``P1Y2M3DT4H5M6.5S``, ``PT0S``,
-    ``P-1Y-2M3DT-4H-5M-6.5S``; ``infinity``/``-infinity`` on 17+)."""
-    if months == INT32_MAX and days == INT32_MAX and us == INT64_MAX:
-        return "infinity"
-    if months == INT32_MIN and days == INT32_MIN and us == INT64_MIN:
-        return "-infinity"
-    year, mon = _tdiv(months, 12)
-    hour, rem = _tdiv(us, USECS_PER_HOUR)
-    minute, rem = _tdiv(rem, USECS_PER_MINUTE)
-    sec, fsec = _tdiv(rem, USECS_PER_SEC)
-    if not (year or mon or days or hour or minute or sec or fsec):
-        return "PT0S"
-    parts = ["P"]
-    for v, unit in ((year, "Y"), (mon, "M"), (days, "D")):
-        if v:
-            parts.append(f"{v}{unit}")
-    if hour or minute or sec or fsec:
-        parts.append("T")
-    for v, unit in ((hour, "H"), (minute, "M")):
-        if v:
-            parts.append(f"{v}{unit}")
-    if sec or fsec:
-        sign = "-" if sec < 0 or fsec < 0 else ""
-        parts.append(f"{sign}{abs(sec)}{_fraction(abs(fsec))}S")
-    return "".join(parts)
-
-
-def render_interval(b: bytes) -> str:
-    _short(b, 16, "interval")
-    return interval_iso(*_qii.unpack(b))
 
 
 # --- network, bits, misc ---------------------------------------------------------------------
@@ -544,7 +353,7 @@ def _ipv6_text(addr: bytes) -> str:
 
 
 def _render_network(b: bytes, is_cidr: bool) -> str:
-    _short(b, 4, "inet/cidr")
+    check_length(b, 4, "inet/cidr")
     family, bits, _flag, nb = b[0], b[1], b[2], b[3]
     addr = b[4 : 4 + nb]
     if family == PGSQL_AF_INET:
@@ -574,7 +383,7 @@ def render_macaddr(b: bytes) -> str:
 
 def render_bits(b: bytes) -> str:
     """bit/varbit: int4 bit length, then the bits packed most significant first."""
-    _short(b, 4, "bit")
+    check_length(b, 4, "bit")
     (nbits,) = _i32.unpack_from(b)
     if nbits == 0:
         return ""
@@ -582,7 +391,7 @@ def render_bits(b: bytes) -> str:
 
 
 def render_tid(b: bytes) -> str:
-    _short(b, 6, "tid")
+    check_length(b, 6, "tid")
     block = int.from_bytes(b[:4], "big")
     offset = int.from_bytes(b[4:6], "big")
     return f"({block},{offset})"
@@ -595,7 +404,7 @@ def render_pg_lsn(b: bytes) -> str:
 
 def render_snapshot(b: bytes) -> str:
     """txid_snapshot / pg_snapshot: int4 nxip, int8 xmin, int8 xmax, nxip int8 values."""
-    _short(b, 20, "snapshot")
+    check_length(b, 20, "snapshot")
     (nxip,) = _i32.unpack_from(b)
     xmin, xmax = struct.unpack_from(">qq", b, 4)
     xips = struct.unpack_from(f">{nxip}q", b, 20)
@@ -742,11 +551,11 @@ ArrayHeader = tuple[int, tuple[int, ...], tuple[int, ...], int]
 
 def array_header(b: bytes) -> ArrayHeader:
     """``array_send`` header: (element oid, dims, lower bounds, offset of the first element)."""
-    _short(b, 12, "array")
+    check_length(b, 12, "array")
     ndim, _flags, elem = struct.unpack_from(">iiI", b)
     if not 0 <= ndim <= 6:
         raise RemoteProtocolError(f"binary array with {ndim} dimensions")
-    _short(b, 12 + 8 * ndim, "array")
+    check_length(b, 12 + 8 * ndim, "array")
     dims = tuple(_i32.unpack_from(b, 12 + 8 * i)[0] for i in range(ndim))
     lbs = tuple(_i32.unpack_from(b, 16 + 8 * i)[0] for i in range(ndim))
     return elem, dims, lbs, 12 + 8 * ndim
@@ -805,7 +614,7 @@ def render_array(b: bytes, lookup: RendererLookup, delim: str = ",") -> str:
 def render_record(b: bytes, lookup: RendererLookup) -> str:
     """``record_send`` (int4 ncols, then per column: oid, int4 length or -1, bytes) rendered as
     ``record_out``: ``(1,"a b",,"x""y")``."""
-    _short(b, 4, "record")
+    check_length(b, 4, "record")
     (n,) = _i32.unpack_from(b)
     off = 4
     fields: list[str] = []
