@@ -34,7 +34,7 @@ from cdcd.pipeline.writer import Writer
 from cdcd.replication.client import ReplicationClient
 from cdcd.replication.options import stream_options
 from cdcd.stats import Stats
-from cdcd.wire.replication import PrimaryKeepalive
+from cdcd.wire.copydata import PrimaryKeepalive
 
 log = structlog.get_logger("cdcd.reader")
 

@@ -48,7 +48,7 @@ from cdcd.lsn import Progress, format_lsn, parse_lsn, unix_to_pg_us
 from cdcd.wire import frontend
 from cdcd.wire import session as wire
 from cdcd.wire.dsn import ConnParams, ssl_context
-from cdcd.wire.replication import (
+from cdcd.wire.copydata import (
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,

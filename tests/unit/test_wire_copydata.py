@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cdcd.errors import RemoteProtocolError
 from cdcd.wire.framing import MessageReader, frame
-from cdcd.wire.replication import (
+from cdcd.wire.copydata import (
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,
