@@ -14,8 +14,8 @@ from typing import Any
 import asyncpg
 
 from cdcd.decoder.events import Relation
-from cdcd.values.types import TypeInfo, TypeRegistry
 from cdcd.errors import TransientSourceError
+from cdcd.values.types import TypeInfo, TypeRegistry
 
 _KEY_SQL = """
 SELECT i.indisprimary, array_agg(a.attname ORDER BY k.ord) AS cols

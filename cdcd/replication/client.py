@@ -47,13 +47,13 @@ from cdcd.errors import (
 from cdcd.lsn import Progress, format_lsn, parse_lsn, unix_to_pg_us
 from cdcd.wire import frontend
 from cdcd.wire import session as wire
-from cdcd.wire.dsn import ConnParams, ssl_context
 from cdcd.wire.copydata import (
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,
     standby_status_update,
 )
+from cdcd.wire.dsn import ConnParams, ssl_context
 from cdcd.wire.session import SlotExists, source_error
 
 __all__ = [

@@ -88,10 +88,10 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
-from cdcd.values.types import UNCHANGED_TOAST, RowDecoder
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import SinkContext
 from cdcd.sinks.catalog import Catalog, schema_name
+from cdcd.values.types import UNCHANGED_TOAST, RowDecoder
 
 __all__ = ["UNCHANGED_TOAST", "ChangeEvent", "Encoder"]
 

@@ -59,10 +59,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdcd.decoder.events import Relation
-from cdcd.values.types import TypeInfo, TypeRegistry
 from cdcd.errors import DefiniteSinkError
 from cdcd.sinks.file import FileSinkConfig, Position, TableWriter
 from cdcd.sinks.parquet_columns import ColumnBuilder, as_text, has_none, lost
+from cdcd.values.types import TypeInfo, TypeRegistry
 
 if TYPE_CHECKING:
     from cdcd.sinks.encoding import ChangeEvent

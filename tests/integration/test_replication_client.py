@@ -14,8 +14,8 @@ from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication import slot as slots
 from cdcd.replication.client import HIGH_WATER, ReplicationClient, SlotExists
-from cdcd.wire.dsn import ConnParams, parse_dsn
 from cdcd.wire.copydata import PrimaryKeepalive, XLogData
+from cdcd.wire.dsn import ConnParams, parse_dsn
 from tests.pgharness import PgDatabase, free_port
 
 pytestmark = pytest.mark.pg

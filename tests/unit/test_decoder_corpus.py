@@ -24,8 +24,8 @@ from cdcd.decoder.events import (
     Update,
 )
 from cdcd.decoder.pgoutput import PgOutputDecoder
-from cdcd.wire.framing import MessageReader, frame
 from cdcd.wire.copydata import XLogData, parse_copy_data
+from cdcd.wire.framing import MessageReader, frame
 from tests.corpusutil import Row, all_corpus_files, framed_stream, load_corpus
 
 #: Every tag of "Logical Replication Message Formats".

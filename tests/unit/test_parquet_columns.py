@@ -27,12 +27,12 @@ from cdcd.decoder.events import (
     Relation,
     TupleData,
 )
-from cdcd.values.types import TypeInfo
 from cdcd.sinks import parquet
 from cdcd.sinks.encoding import ChangeEvent, Encoder
 from cdcd.sinks.file import FileSink, FileSinkConfig
 from cdcd.sinks.parquet import RowLayout
 from cdcd.sinks.parquet_columns import ColumnBuilder
+from cdcd.values.types import TypeInfo
 from tests.unit.sink_fixtures import CONTEXT, TxnBuilder, encoder
 
 

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from cdcd.decoder.events import Column, Relation
-from cdcd.values.types import TypeInfo, TypeRegistry
 from cdcd.sinks.parquet import RowLayout, column_type
+from cdcd.values.types import TypeInfo, TypeRegistry
 from tests.unit.sink_fixtures import TxnBuilder, encoder, tup
 
 

@@ -21,9 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdcd.values import binary as vb
 from cdcd.decoder.events import Column, Relation, TupleData
 from cdcd.decoder.events import Type as TypeMessage
+from cdcd.errors import RemoteProtocolError
+from cdcd.values import binary as vb
 from cdcd.values.types import (
     BINARY_FALLBACK_PREFIX,
     UNCHANGED_TOAST,
@@ -31,7 +32,6 @@ from cdcd.values.types import (
     TypeInfo,
     TypeRegistry,
 )
-from cdcd.errors import RemoteProtocolError
 
 T, B = ord("t"), ord("b")
 REG = TypeRegistry()

@@ -12,13 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcd.errors import RemoteProtocolError
-from cdcd.wire.framing import MessageReader, frame
 from cdcd.wire.copydata import (
     PrimaryKeepalive,
     XLogData,
     parse_copy_data,
     standby_status_update,
 )
+from cdcd.wire.framing import MessageReader, frame
 
 LSN = 0x1_6B37_48A0
 T0 = 785_000_000_123_456
