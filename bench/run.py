@@ -4,6 +4,7 @@ Usage::
 
     python bench/run.py [--quick] [--workload W1,W1s,W2,W3,W4,W5] [--json FILE]
                         [--pg 18,15] [--contenders NAMES] [--scale F] [--peer PATH]
+                        [--repeat N] [--baseline DIR]
 
 For each PostgreSQL version (default: 18 and 15, those installed; see tests/pgharness.py) it
 starts a cluster with the test harness's settings, then for each workload:
@@ -40,10 +41,18 @@ Workloads (``--quick`` divides sizes by 50; ``--scale`` sets the factor):
 ``W5``  memory: one 10,000,000-row transaction through ``buffer.memory_limit: 256MiB``; peak
         RSS and spilled bytes
 
+``--repeat N`` (default 3, 1 with ``--quick``) drains N copies of each contender's slot, the
+contenders taking turns (run 1 of each, then run 2 of each, ...), and reports the run with the
+median wall time, with every run's seconds in ``runs_seconds``: noise on the host cannot pass or
+fail a target. Live workloads (W4) run once. ``--baseline DIR`` adds a ``base_<name>`` contender
+for each cdcd contender, running the cdcd of another checkout (e.g. ``git worktree add DIR
+<commit>`` and ``python -m cdcd.accel build`` there), so a change is compared in the same run.
+
 Output: one JSON object per (server, workload, contender) on stdout (and to ``--json FILE`` as
 a JSON array), then a table. Keys: workload, contender, rows, seconds, rows_per_s,
 wal_mb_per_s, peak_rss_mb, ratio_vs_pg_recvlogical, ratio_vs_psycopg2_pypgoutput,
-server_version, plus cpu_seconds, streaming, and where they apply p50_ms/p99_ms/max_ms,
+server_version, plus cpu_seconds, cpu_us_per_row (the contender's CPU per row), runs_seconds,
+streaming, and where they apply p50_ms/p99_ms/max_ms,
 spilled_bytes, memory_limit_mb. ``rows`` counts row changes: the peer's count of I/U/D
 messages, cdcd's events (``CDCD_BENCH_STATS``), and for pg_recvlogical (which writes opaque
 bytes) the count the workload reports.
@@ -63,7 +72,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -260,12 +269,16 @@ class Measured:
 
 
 def run_measured(
-    cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 3600
+    cmd: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 3600,
+    cwd: Path = REPO,
 ) -> Measured:
     """Run ``cmd`` to completion; wall time, the child's CPU time and peak RSS (wait4)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
         return _wait_measured(proc, t0, out, err, timeout)
 
 
@@ -313,6 +326,8 @@ class Setup:
     work: Path
     kafka: Any = None  # a started broker, for cdcd_kafka
     profile: Path | None = None  # --profile: run cdcd under py-spy, collapsed stacks here
+    checkout: Path = REPO  # whose cdcd runs
+    baseline: Path | None = None  # --baseline
 
 
 @dataclass
@@ -323,8 +338,8 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def slot_name(workload: str, contender: str) -> str:
-    return f"bench_{workload.lower()}_{contender}"
+def slot_name(workload: str, contender: str, run: int = 0) -> str:
+    return f"bench_{workload.lower()}_{contender}" + (f"_{run}" if run else "")
 
 
 def pg_recvlogical_cmd(setup: Setup, slot: str) -> list[str]:
@@ -421,8 +436,10 @@ def cdcd_config(setup: Setup, contender: str, slot: str, work: Path) -> Path:
     return path
 
 
-def cdcd_env(work: Path, latency: bool) -> dict[str, str]:
+def cdcd_env(work: Path, latency: bool, checkout: Path = REPO) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", CDCD_BENCH_STATS=str(work / "stats.json"))
+    if checkout != REPO:  # its cdcd package first on the path, before the installed one
+        env["PYTHONPATH"] = str(checkout)
     if latency:
         env["CDCD_LATENCY_LOG"] = str(work / "latency.jsonl")
     env.pop("CDCD_CONFIG", None)
@@ -455,7 +472,8 @@ def run_cdcd(setup: Setup, slot: str, contender: str) -> Result:
             setup.profile.mkdir(parents=True, exist_ok=True)
             raw = setup.profile / f"{setup.workload.name}-{contender}.txt"
             cmd = ["py-spy", "record", "--format", "raw", "-r", "250", "-o", str(raw), "--", *cmd]
-        m = run_measured([*cmd, "--endpos", setup.end_lsn], env=cdcd_env(work, False))
+        env = cdcd_env(work, False, setup.checkout)
+        m = run_measured([*cmd, "--endpos", setup.end_lsn], env=env, cwd=setup.checkout)
         return cdcd_result(setup, contender, work, m)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -496,14 +514,17 @@ def parse_lsn(text: str) -> int:
 # --------------------------------------------------------------------------- one workload
 
 
-def prepare(cluster: PgCluster, wl: Workload, contenders: list[str]) -> tuple[PgDatabase, str]:
-    """A fresh database with the workload's tables, publication and slots (same LSN)."""
+def prepare(
+    cluster: PgCluster, wl: Workload, contenders: list[str], repeat: int = 1
+) -> tuple[PgDatabase, str]:
+    """A fresh database with the workload's tables, publication and slots (same LSN): one per
+    contender and run."""
     db = create_database(cluster, f"bench_{wl.name.lower()}")
     db.execute(wl.ddl)
     tables = ", ".join(t for t in ("w1", "w2", "w3", "w4", "w5") if t in wl.ddl)
     db.execute("CREATE TABLE bench_sentinel (id int)")
     db.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {tables}, bench_sentinel")
-    first, *rest = (slot_name(wl.name, c) for c in contenders)
+    first, *rest = (slot_name(wl.name, c, i) for i in range(repeat) for c in contenders)
     start = db.fetchval(
         f"SELECT lsn::text FROM pg_create_logical_replication_slot('{first}', 'pgoutput')"
     )
@@ -522,9 +543,21 @@ def finish_load(db: PgDatabase) -> str:
 def run_workload(
     cluster: PgCluster, wl: Workload, args: argparse.Namespace, contenders: list[str]
 ) -> list[dict[str, Any]]:
-    db, start_lsn = prepare(cluster, wl, contenders)
+    repeat = 1 if wl.live else args.repeat
+    db, start_lsn = prepare(cluster, wl, contenders, repeat)
     work = Path(tempfile.mkdtemp(prefix="cdcd-bench-"))
-    setup = Setup(cluster, db, wl, "", 0, args.scale, args.peer, work, profile=args.profile)
+    setup = Setup(
+        cluster,
+        db,
+        wl,
+        "",
+        0,
+        args.scale,
+        args.peer,
+        work,
+        profile=args.profile,
+        baseline=args.baseline,
+    )
     try:
         if wl.live:
             results = run_live(setup, contenders)
@@ -533,10 +566,12 @@ def run_workload(
             setup.expected_rows = wl.load(db, args.scale)
             setup.end_lsn = finish_load(db)
             log(f"  {wl.name}: load {setup.expected_rows} rows in {time.perf_counter() - t0:.1f}s")
-            results = []
-            for contender in contenders:
-                results.append(run_contender(setup, contender))
-                log(f"    {contender}: {summary_line(results[-1])}")
+            runs: dict[str, list[Result]] = {c: [] for c in contenders}
+            for i in range(repeat):
+                for contender in contenders:
+                    runs[contender].append(run_contender(setup, contender, i))
+                    log(f"    {contender} #{i + 1}: {summary_line(runs[contender][-1])}")
+            results = [median_run(runs[c]) for c in contenders]
         wal = parse_lsn(setup.end_lsn) - parse_lsn(start_lsn)
         return report(cluster, wl, results, wal)
     finally:
@@ -544,9 +579,17 @@ def run_workload(
         db.drop()
 
 
-def run_contender(setup: Setup, contender: str) -> Result:
+def median_run(runs: list[Result]) -> Result:
+    """The run with the median wall time, knowing every run's seconds."""
+    ordered = sorted(runs, key=lambda r: r.measured.seconds)
+    chosen = ordered[(len(ordered) - 1) // 2]
+    chosen.extra["runs_seconds"] = [round(r.measured.seconds, 3) for r in runs]
+    return chosen
+
+
+def run_contender(setup: Setup, contender: str, run: int = 0) -> Result:
     """Drain the contender's slot; also sample its walsender's CPU time (the server's side)."""
-    slot = slot_name(setup.workload.name, contender)
+    slot = slot_name(setup.workload.name, contender, run)
     with WalsenderCpu(setup.db, slot) as server:
         result = _run_contender(setup, contender, slot)
     result.extra["server_cpu_seconds"] = round(server.seconds, 3)
@@ -594,6 +637,8 @@ class WalsenderCpu:
 
 
 def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
+    if contender.startswith("base_"):  # --baseline: the same contender, another checkout's cdcd
+        return _run_contender(replace(setup, checkout=setup.baseline), contender[5:], slot)
     if contender == "pg_recvlogical":
         return run_pg_recvlogical(setup, slot)
     if contender.startswith("psycopg2_"):
@@ -738,6 +783,7 @@ def report(
             "ratio_vs_psycopg2_pypgoutput": _ratio(rate, rates.get("psycopg2_pypgoutput")),
             "server_version": cluster.version,
             "cpu_seconds": round(r.measured.cpu_seconds, 3),
+            "cpu_us_per_row": round(r.measured.cpu_seconds / r.rows * 1e6, 2) if r.rows else None,
             "streaming": wl.streaming,
         }
         row |= r.extra
@@ -761,7 +807,7 @@ def summary_line(r: Result) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'pg':>4} {'workload':<8} {'contender':<20} {'rows':>9} {'seconds':>8} {'rows/s':>9} "
-        f"{'cpu s':>7} {'rss MB':>7} {'x pg_recv':>9} {'x pypgout':>9}  extra"
+        f"{'cpu s':>7} {'us/row':>7} {'rss MB':>7} {'x pg_recv':>9} {'x pypgout':>9}  extra"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -773,6 +819,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['server_version']:>4} {r['workload']:<8} {r['contender']:<20} {r['rows']:>9} "
             f"{r['seconds']:>8.2f} {r['rows_per_s']:>9} {r['cpu_seconds']:>7.2f} "
+            f"{r.get('cpu_us_per_row') or 0:>7.2f} "
             f"{r['peak_rss_mb']:>7.0f} {_fmt(r['ratio_vs_pg_recvlogical']):>9} "
             f"{_fmt(r['ratio_vs_psycopg2_pypgoutput']):>9}  {extra}"
         )
@@ -814,9 +861,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run cdcd under py-spy (pip install py-spy); collapsed stacks into this folder "
         "(timings are then not comparable)",
     )
+    parser.add_argument(
+        "--repeat", type=int, help="runs per contender, median reported (default 3; --quick 1)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of cdcd: adds base_<contender> runs of its cdcd, same slots",
+    )
     args = parser.parse_args(argv)
     if args.scale is None:
         args.scale = 0.02 if args.quick else 1.0
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     unknown = [w for w in args.workload.split(",") if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
@@ -845,6 +904,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.workload.split(","):
                 wl = WORKLOADS[name]
                 contenders = [c for c in wl.contenders if c in wanted]
+                if args.baseline is not None and not wl.live:
+                    contenders += [f"base_{c}" for c in contenders if c.startswith("cdcd_")]
                 if not contenders:
                     continue
                 rows = run_workload(cluster, wl, args, contenders)
