@@ -449,7 +449,7 @@ def cdcd_env(work: Path, latency: bool, checkout: Path = REPO) -> dict[str, str]
 def cdcd_result(setup: Setup, contender: str, work: Path, m: Measured) -> Result:
     _check(m, contender)
     stats = orjson.loads((work / "stats.json").read_bytes())
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"socket_reads": stats.get("socket_reads")}
     if setup.workload.memory_limit_mb is not None:
         extra["spilled_bytes"] = stats["spilled_bytes"]
         extra["memory_limit_mb"] = round(setup.workload.memory_limit_mb * max(setup.scale, 0.02), 1)

@@ -30,6 +30,8 @@ from typing import IO, Any
 
 import orjson
 
+from cdcd.stats import Stats
+
 LATENCY_ENV = "CDCD_LATENCY_LOG"
 STATS_ENV = "CDCD_BENCH_STATS"
 POLL_SECONDS = 0.002
@@ -76,7 +78,7 @@ class LatencyLog:
         self._file.close()
 
 
-def write_stats(stats: Any, assembler: Any = None) -> None:
+def write_stats(stats: Stats, assembler: Any = None) -> None:
     """Write the ``CDCD_BENCH_STATS`` summary, if asked for."""
     path = os.environ.get(STATS_ENV)
     if not path:
@@ -93,6 +95,7 @@ def write_stats(stats: Any, assembler: Any = None) -> None:
         "transactions": stats.transactions,
         "received_messages": stats.received_messages,
         "received_bytes": stats.received_bytes,
+        "socket_reads": stats.socket_reads,
         "spilled_bytes": assembler.total_spilled_bytes if assembler is not None else 0,
         "spill_count": assembler.spill_count if assembler is not None else 0,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -62,6 +62,8 @@ class Stats:
 
     received_bytes: int = 0
     received_messages: int = 0
+    #: socket reads of the replication connection (all sessions)
+    socket_reads: int = 0
     transactions: int = 0
     events: int = 0
     events_by: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -101,6 +101,7 @@ class Reader:
         endpos = self.endpos
         catalog = self.catalog
         writer = self.writer
+        reads_before = stats.socket_reads
         async for batch in client.message_batches():
             # The server sends a message only after every transaction prepared or committed
             # before its position. The session position moves once the whole batch is taken in.
@@ -162,6 +163,7 @@ class Reader:
                         self._reach_endpos()
                         return
             stats.received_messages += len(batch) - keepalives
+            stats.socket_reads = reads_before + client.socket_reads
             tracker.streamed(streamed)
             self._gauges()
             if self._stop.is_set():

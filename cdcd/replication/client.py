@@ -70,6 +70,11 @@ log = structlog.get_logger("cdcd.replication")
 
 #: Stop reading the socket while this many received bytes wait to be consumed.
 HIGH_WATER = 4 * 1024 * 1024
+#: While streaming, a read smaller than this pauses reading for COALESCE_SECONDS, so that the
+#: next read takes what the walsender wrote meanwhile in one piece (it writes message by
+#: message: keeping pace with it, reads are ~1 KB each otherwise).
+SMALL_READ = 32 * 1024
+COALESCE_SECONDS = 0.0005
 
 _COPY_STATES = (wire.State.COPY_BOTH, wire.State.COPY_SERVER_DONE)
 
@@ -170,12 +175,16 @@ class _Protocol(asyncio.Protocol):
         self._drain_waiter: asyncio.Future[None] | None = None
         self._reading_paused = False
         self._writing_paused = False
+        self.coalesce = False  # set once streaming: see SMALL_READ
+        self._coalescing = False
+        self.reads = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self.reads += 1
         session = self.session
         if session is None:
             self.raw += data
@@ -183,9 +192,29 @@ class _Protocol(asyncio.Protocol):
         else:
             session.receive_data(data)
             buffered = session.buffered
-        if buffered >= HIGH_WATER and not self._reading_paused and self.transport is not None:
+        transport = self.transport
+        if transport is None:
+            self._wake()
+            return
+        if buffered >= HIGH_WATER and not self._reading_paused:
             self._reading_paused = True
-            self.transport.pause_reading()
+            transport.pause_reading()
+        elif self.coalesce and len(data) < SMALL_READ and not self._reading_paused:
+            # a small read: let the walsender's next writes gather in the socket buffer
+            self._coalescing = True
+            self._reading_paused = True
+            transport.pause_reading()
+            self._loop.call_later(COALESCE_SECONDS, self._coalesced)
+            return  # the consumer is woken with what has gathered
+        self._wake()
+
+    def _coalesced(self) -> None:
+        self._coalescing = False
+        if self._reading_paused and self.transport is not None and self.lost is None:
+            buffered = len(self.raw) if self.session is None else self.session.buffered
+            if buffered < HIGH_WATER:
+                self._reading_paused = False
+                self.transport.resume_reading()
         self._wake()
 
     def eof_received(self) -> bool:
@@ -219,7 +248,7 @@ class _Protocol(asyncio.Protocol):
 
     async def wait_data(self) -> None:
         """Wait until more bytes arrived (resuming reading) or the connection is lost."""
-        if self._reading_paused and self.transport is not None:
+        if self._reading_paused and not self._coalescing and self.transport is not None:
             self._reading_paused = False
             self.transport.resume_reading()
         if self.lost is not None:
@@ -565,9 +594,15 @@ class ReplicationClient:
             elif isinstance(event, wire.NoticeResponse):
                 _log_notice(event.fields)
         self._last_status = time.monotonic()
+        self._protocol.coalesce = True
         self._status_task = asyncio.get_running_loop().create_task(
             self._status_loop(), name=f"cdcd-status-{slot}"
         )
+
+    @property
+    def socket_reads(self) -> int:
+        """Reads from the socket so far (each a ``data_received`` call)."""
+        return self._protocol.reads
 
     async def messages(self) -> AsyncIterator[XLogData | PrimaryKeepalive]:
         """The CopyBoth stream: XLogData and keepalives, pulled one at a time.
