@@ -638,7 +638,9 @@ class WalsenderCpu:
 
 def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
     if contender.startswith("base_"):  # --baseline: the same contender, another checkout's cdcd
-        return _run_contender(replace(setup, checkout=setup.baseline), contender[5:], slot)
+        result = _run_contender(replace(setup, checkout=setup.baseline), contender[5:], slot)
+        result.contender = contender
+        return result
     if contender == "pg_recvlogical":
         return run_pg_recvlogical(setup, slot)
     if contender.startswith("psycopg2_"):

@@ -7,6 +7,7 @@ stats file) only read. Nothing here refers back to the stages.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from cdcd.lsn import pg_to_unix_us
@@ -28,11 +29,7 @@ class Histogram:
 
     def observe(self, value: float) -> None:
         self.sum += value
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-                return
-        self.counts[-1] += 1
+        self.counts[bisect_left(self.buckets, value)] += 1
 
     def cumulative(self) -> list[tuple[str, int]]:
         """``[(le, count), ...]`` ending with ``+Inf``."""

@@ -2,17 +2,18 @@
 
 ::
 
-    reader ──put(txn)──▶ transactions ──producer: events (or decoded changes), encoded once──▶
-        fan-out window ──▶ one task per sink: begin ▶ write ... ▶ commit ▶ flush when due
+    reader ──put(txn)──▶ transactions ──events (or decoded changes), built once──▶
+        shared window ──▶ one task per sink: begin ▶ write ... ▶ commit ▶ flush when due
 
 * Transactions wait here bounded by ``buffer.memory_limit`` (their accounted bytes) and
   ``buffer.queue_transactions``; one transaction always fits. A transaction is released (its
   memory and spill file freed) once every sink has been handed all of it.
-* Events are built once and shared: the producer puts them into a window of at most
-  ``window`` items (begin, a batch of events, commit); each sink's task takes them in order.
-  A slow or retrying sink holds the producer back only when it is a whole window behind, so the
-  others keep writing meanwhile; the confirmable position is the minimum of the sinks' durable
-  positions (:mod:`cdcd.pipeline.progress`).
+* Events are built once and shared: a window of at most ``window`` items (begin, a batch of
+  events, commit) that each sink's task reads in order. The sink task that runs out of items
+  builds the next one itself (no task of its own, so one sink costs no task switch per item).
+  A slow or retrying sink holds the others back only when it is a whole window behind; the
+  confirmable position is the minimum of the sinks' durable positions
+  (:mod:`cdcd.pipeline.progress`).
 * A :class:`~cdcd.errors.TransientSinkError` from any sink method is retried with backoff,
   calling the same method again with the same arguments (the sink interface says a sink that
   raises it has taken nothing of that call). Any other error stops the pipeline.
@@ -61,74 +62,68 @@ _CHANGE_OPS: dict[type, str] = {
 }
 
 
-async def retrying(call: Callable[[], Awaitable[T]], what: str, stats: SinkStats) -> T:
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    stats: SinkStats,
+    failed: TransientSinkError | None = None,
+) -> T:
     """``await call()``, again after a backoff (0.5 s doubling to 10 s) while it raises
-    :class:`TransientSinkError`."""
+    :class:`TransientSinkError`; ``failed``: it already did once (wait before the first call)."""
     delay = 0.5
     while True:
-        try:
-            return await call()
-        except TransientSinkError as exc:
+        if failed is not None:
             stats.retries += 1
             log.warning(
                 "sink call failed; retrying",
                 sink=stats.type_name,
                 call=what,
-                error=str(exc),
+                error=str(failed),
                 backoff_s=delay,
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+        try:
+            return await call()
+        except TransientSinkError as exc:
+            failed = exc
 
 
-class _Fanout:
-    """Items in order, read by several consumers at their own pace; an item is dropped once
-    every consumer is past it. ``publish`` waits while the slowest is ``window`` behind."""
+class _Window:
+    """Items in order, read by several readers at their own pace; an item is dropped once every
+    reader is past it (``on_dropped`` sees the dropped commits)."""
 
-    def __init__(self, consumers: int, window: int, on_dropped: Callable[[Any], None]) -> None:
+    def __init__(self, readers: int, size: int, on_dropped: Callable[[Any], None]) -> None:
         self._items: deque[tuple[int, Any]] = deque()
         self._base = 0  # index of _items[0]
-        self._cursors = [0] * consumers
-        self._wake = [asyncio.Event() for _ in range(consumers)]
-        self._room = asyncio.Event()
-        self._window = window
+        self._cursors = [0] * readers
+        self._size = size
         self._on_dropped = on_dropped
 
-    async def publish(self, kind: int, payload: Any) -> None:
-        while len(self._items) >= self._window:
-            self._room.clear()
-            await self._room.wait()
-        self._items.append((kind, payload))
-        for wake in self._wake:
-            wake.set()
+    @property
+    def full(self) -> bool:
+        return len(self._items) >= self._size
 
-    def peek(self, consumer: int) -> tuple[int, Any] | None:
-        pos = self._cursors[consumer] - self._base
+    def append(self, item: tuple[int, Any]) -> None:
+        self._items.append(item)
+
+    def peek(self, reader: int) -> tuple[int, Any] | None:
+        pos = self._cursors[reader] - self._base
         return self._items[pos] if pos < len(self._items) else None
 
-    def advance(self, consumer: int) -> None:
-        """Consumer ``consumer`` is done with the item ``peek`` gave it."""
+    def advance(self, reader: int) -> bool:
+        """Reader ``reader`` is done with the item ``peek`` gave it; whether room was made."""
         cursors = self._cursors
-        cursors[consumer] += 1
+        cursors[reader] += 1
         items = self._items
+        dropped = False
         while items and min(cursors) > self._base:
             kind, payload = items.popleft()
             self._base += 1
+            dropped = True
             if kind == _COMMIT:
                 self._on_dropped(payload)
-            self._room.set()
-
-    async def wait(self, consumer: int, timeout: float) -> bool:
-        """Until an item is there for ``consumer`` (False) or ``timeout`` seconds passed (True)."""
-        wake = self._wake[consumer]
-        wake.clear()
-        if self.peek(consumer) is not None:
-            return False
-        try:
-            await asyncio.wait_for(wake.wait(), timeout)
-        except TimeoutError:
-            return True
-        return False
+        return dropped
 
 
 class Writer:
@@ -144,7 +139,7 @@ class Writer:
         *,
         memory_limit: int,
         max_transactions: int,
-        window: int = 32,
+        window: int = 8,
         latency: LatencyLog | None = None,
     ) -> None:
         self.sinks = sinks
@@ -154,13 +149,13 @@ class Writer:
         self._memory_limit = memory_limit
         self._max_transactions = max(1, max_transactions)
         self._latency = latency
-        self._waiting: deque[Transaction | None] = deque()  # put, not yet taken by the producer
-        self._arrived = asyncio.Event()
-        self._room = asyncio.Event()
+        self._waiting: deque[Transaction | None] = deque()  # put, not yet being built
+        self._building: Iterator[tuple[int, Any]] | None = None  # items of the next transaction
+        self._progress = asyncio.Event()  # an arrival, an item built, room in the window
+        self._room = asyncio.Event()  # a transaction released: room for the reader
         self._held = 0  # transactions put and not yet released
         self._held_bytes = 0
-        self._producing = False
-        self._fanout = _Fanout(len(sinks), window, self._released)
+        self._window = _Window(len(sinks), window, self._released)
         if len(stats.sinks) != len(sinks):
             stats.sinks[:] = [SinkStats(sink.type_name) for sink in sinks]
         self._last_flush = [0.0] * len(sinks)
@@ -186,23 +181,22 @@ class Writer:
         self._held_bytes += txn.mem_bytes
         self._stats.queued_bytes = self._held_bytes
         self._waiting.append(txn)
-        self._arrived.set()
+        self._progress.set()
 
     def close(self) -> None:
         """Nothing more comes: ``run`` returns once what was put is handed over."""
         self._waiting.append(None)
-        self._arrived.set()
+        self._progress.set()
 
     @property
     def idle(self) -> bool:
-        """Nothing waiting and the producer not busy (the sinks may still be writing)."""
-        return not self._waiting and not self._producing
+        """Nothing waiting to be built (the sinks may still be writing)."""
+        return not self._waiting and self._building is None
 
     # -- running -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(self._produce(), name="writer-producer")]
-        tasks += [
+        tasks = [
             asyncio.create_task(self._consume(i), name=f"sink-{i}-{sink.type_name}")
             for i, sink in enumerate(self.sinks)
         ]
@@ -226,30 +220,72 @@ class Writer:
             self._tracker.durable(i, lsn)
             self._stats.sinks[i].durable_lsn = lsn
 
-    # -- the producer ------------------------------------------------------------------------
+    # -- building items ----------------------------------------------------------------------
 
-    async def _produce(self) -> None:
-        fanout = self._fanout
+    def _take(self, i: int) -> tuple[int, Any] | None:
+        """The next item for sink ``i``, built now if it is the first to need it; None when
+        there is none yet or the window is full."""
+        window = self._window
+        item = window.peek(i)
+        while item is None and not window.full and self._build_one():
+            item = window.peek(i)
+        return item
+
+    def _build_one(self) -> bool:
+        """Append the next item of the waiting transactions to the window; False: none."""
         while True:
-            while not self._waiting:
-                self._arrived.clear()
-                await self._arrived.wait()
-            txn = self._waiting.popleft()
-            if txn is None:
-                await fanout.publish(_END, None)
-                return
-            self._producing = True
-            await fanout.publish(_BEGIN, txn)
-            if self._events_wanted:
-                for batch in self._encoder.batches(txn):
-                    self._count(batch)
-                    await fanout.publish(_WRITE, batch)
-            else:
-                for records in _record_batches(txn):
-                    self._count_changes(records)
-                    await fanout.publish(_WRITE, records)
-            await fanout.publish(_COMMIT, txn)
-            self._producing = False
+            building = self._building
+            if building is None:
+                if not self._waiting:
+                    return False
+                building = self._building = self._items(self._waiting.popleft())
+            item = next(building, None)
+            if item is not None:
+                self._window.append(item)
+                self._progress.set()
+                return True
+            self._building = None
+
+    def _items(self, txn: Transaction | None) -> Iterator[tuple[int, Any]]:
+        if txn is None:
+            yield (_END, None)
+            return
+        yield (_BEGIN, txn)
+        if self._events_wanted:
+            for batch in self._encoder.batches(txn):
+                self._count(batch)
+                yield (_WRITE, batch)
+        else:
+            for records in _record_batches(txn):
+                self._count_changes(records)
+                yield (_WRITE, records)
+        yield (_COMMIT, txn)
+
+    def _could_take(self, i: int) -> bool:
+        window = self._window
+        return window.peek(i) is not None or (
+            not window.full and (self._building is not None or bool(self._waiting))
+        )
+
+    async def _wait(self, i: int, timeout: float) -> bool:
+        """Until sink ``i`` may have an item (False) or ``timeout`` seconds passed (True)."""
+        progress = self._progress
+        progress.clear()
+        if self._could_take(i):
+            return False
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            progress.set()
+
+        timer = asyncio.get_running_loop().call_later(timeout, expire)
+        try:
+            await progress.wait()
+        finally:
+            timer.cancel()
+        return expired and not self._could_take(i)
 
     def _released(self, txn: Transaction) -> None:
         """Every sink has been handed all of ``txn``."""
@@ -291,33 +327,33 @@ class Writer:
     async def _consume(self, i: int) -> None:
         sink = self.sinks[i]
         stats = self._stats.sinks[i]
-        fanout = self._fanout
+        window = self._window
         write = sink.write if self._events_wanted else sink.write_changes
         spent = 0.0
         while True:
-            item = fanout.peek(i)
+            item = self._take(i)
             if item is None:
-                if await fanout.wait(i, _IDLE_TICK):
+                if await self._wait(i, _IDLE_TICK):
                     await self._maybe_flush(i, idle=True, quiet=True)
                 continue
             kind, payload = item
             if kind == _END:
                 return
             t0 = time.perf_counter()
-            if kind == _WRITE:
-                await retrying(partial(write, payload), "write", stats)
-            elif kind == _BEGIN:
-                await retrying(partial(sink.begin, payload), "begin", stats)
-            else:
-                await retrying(partial(sink.commit, payload), "commit", stats)
+            method = write if kind == _WRITE else sink.begin if kind == _BEGIN else sink.commit
+            try:
+                await method(payload)
+            except TransientSinkError as exc:  # again after a backoff, until it passes
+                await retrying(partial(method, payload), method.__name__, stats, exc)
             spent += time.perf_counter() - t0
-            fanout.advance(i)
+            if window.advance(i):
+                self._progress.set()
             if kind == _COMMIT:
                 stats.write_seconds.observe(spent)
                 spent = 0.0
                 self._tracker.handed(i, payload.end_lsn)
                 stats.handed_lsn = max(stats.handed_lsn, payload.end_lsn)
-                idle = fanout.peek(i) is None and self.idle
+                idle = window.peek(i) is None and self.idle
                 await self._maybe_flush(i, idle=idle, quiet=False)
 
     async def _maybe_flush(self, i: int, *, idle: bool, quiet: bool) -> None:
