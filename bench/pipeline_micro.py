@@ -58,7 +58,17 @@ def capture(path: Path, rows: int, workload: str) -> None:
         print(f"{len(frames)} messages, {path.stat().st_size / 2**20:.1f} MiB -> {path}")
 
 
-def run(path: Path, sink: str, memory_limit: int, raw: bool = True) -> None:
+def run(
+    path: Path,
+    sink: str,
+    memory_limit: int,
+    raw: bool = True,
+    general: frozenset[str] = frozenset(),
+) -> None:
+    """``general``: fast paths replaced by their general twin, to measure what each buys:
+    ``framing`` (Session.next_event per message instead of copy_data_run), ``undecoded`` (every
+    change decoded before the assembler takes it, instead of feed_undecoded), ``plain_insert``
+    (spill read-back through decode_change only)."""
     import gc
 
     gc.set_threshold(50_000, 20, 100)  # as cdcd.runtime.tune_gc
@@ -69,6 +79,21 @@ def run(path: Path, sink: str, memory_limit: int, raw: bool = True) -> None:
     from cdcd.sinks.catalog import StaticCatalog
     from cdcd.sinks.encoding import Encoder
     from cdcd.wire.session import Session, State
+
+    if "plain_insert" in general:
+        from cdcd.assembler import spill as spill_module
+
+        spill_module.plain_insert = lambda buf, start, stop: None  # type: ignore[assignment]
+    from cdcd.wire.session import CopyData
+
+    def copy_data(session: Session) -> list[bytes]:
+        if "framing" not in general:
+            return session.copy_data_run()
+        out = []
+        while (event := session.next_event()) is not None:
+            assert type(event) is CopyData
+            out.append(event.payload)
+        return out
 
     stream = path.read_bytes()
     session = Session(user="u", database="d")
@@ -85,10 +110,11 @@ def run(path: Path, sink: str, memory_limit: int, raw: bool = True) -> None:
     header = struct.Struct("!cQQq").unpack_from  # as ReplicationClient.message_batches
     for start in range(0, len(stream), 65536):
         session.receive_data(stream[start : start + 65536])
-        for payload in session.copy_data_run():
+        for payload in copy_data(session):
             _, lsn, _, _ = header(payload)
             data = payload[25:]
-            if raw and assembler.feed_undecoded(data, lsn, streamed=decoder.in_stream):
+            undecoded = raw and "undecoded" not in general
+            if undecoded and assembler.feed_undecoded(data, lsn, streamed=decoder.in_stream):
                 continue  # as the daemon's reader
             msg = decoder.decode(data, lsn)
             if type(msg) is Relation:
@@ -140,11 +166,18 @@ def main() -> None:
     r.add_argument(
         "--no-raw", action="store_true", help="feed the assembler without the message bytes"
     )
+    r.add_argument(
+        "--general",
+        default="",
+        help="comma list of fast paths replaced by their general twin: framing,undecoded,"
+        "plain_insert",
+    )
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.file, args.rows, args.workload)
     else:
-        run(args.file, args.sink, args.memory_limit, not args.no_raw)
+        general = frozenset(g for g in args.general.split(",") if g)
+        run(args.file, args.sink, args.memory_limit, not args.no_raw, general)
 
 
 if __name__ == "__main__":

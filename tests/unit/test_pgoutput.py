@@ -674,3 +674,34 @@ def test_plain_insert_reads_in_place_or_leaves_it_to_decode_change() -> None:
         if why != "an update":
             with pytest.raises(RemoteProtocolError):
                 decode_change(data, 0x10, streamed=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    oid=st.integers(min_value=0, max_value=2**32 - 1),
+    columns=st.lists(
+        st.one_of(
+            st.just((b"n", None)),
+            st.just((b"u", None)),
+            st.tuples(st.sampled_from([b"t", b"b"]), st.binary(max_size=30)),
+        ),
+        max_size=12,
+    ),
+    before=st.binary(max_size=8),
+    after=st.binary(max_size=8),
+)
+def test_plain_insert_equals_decode_change_on_generated_inserts(
+    oid: int, columns: list[tuple[bytes, bytes | None]], before: bytes, after: bytes
+) -> None:
+    """The fast path and the general one agree on any well-formed Insert, wherever it sits in
+    a larger buffer (the spill read-back's case)."""
+    from cdcd.decoder.pgoutput import decode_change, plain_insert
+
+    body = struct.pack("!H", len(columns))
+    for kind, value in columns:
+        body += kind + (b"" if value is None else struct.pack("!I", len(value)) + value)
+    message = b"I" + struct.pack("!I", oid) + b"N" + body
+    buf = before + message + after
+    fast = plain_insert(buf, len(before), len(before) + len(message))
+    assert fast is not None
+    assert fast == decode_change(message, 0x10, streamed=False)
