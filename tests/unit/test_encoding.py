@@ -239,13 +239,14 @@ def test_transactional_message_is_an_op_m_event_in_its_transaction() -> None:
 
 def test_non_transactional_message_has_its_own_position_and_no_transaction() -> None:
     (msg,) = encoder().events(standalone_message(0x5000, "hb", b"x"))
-    assert msg.position == (0x5000, 0)
+    assert msg.position == (0x4FFF, 0)  # the message's LSN - 1 (CONTRACT §3)
     assert msg.lsn == 0x5000
     value = msg.value()
     assert value["transaction"] is None
     assert value["source"]["transactional"] is False
     assert value["source"]["txId"] is None
-    assert value["source"]["commit_lsn"] == 0x5000
+    assert value["source"]["lsn"] == 0x5000  # as sent
+    assert value["source"]["commit_lsn"] == 0x4FFF
     assert value["source"]["seq"] == 0
 
 
