@@ -487,7 +487,11 @@ class ColumnBuilder:
         return pa.StructArray.from_arrays(children, fields=list(self.source_type))
 
     def _with_links(
-        self, source: pa.StructArray, events: Sequence[ChangeEvent], ops: list[str], extras: list[Any]
+        self,
+        source: pa.StructArray,
+        events: Sequence[ChangeEvent],
+        ops: list[str],
+        extras: list[Any],
     ) -> pa.StructArray:
         """``source`` with its ``old_key`` / ``new_key`` children filled in on the two events of
         each key change (:meth:`RowLayout.linked_key`; both null on every other event)."""
