@@ -336,7 +336,7 @@ class Pipeline:
                 txn = Transaction(
                     kind="snapshot",
                     xid=0,
-                    commit_lsn=point,
+                    commit_lsn=point - 1,  # a commit can start at the point (snapshot.py)
                     end_lsn=point,
                     commit_time=commit_time,
                     size=0,
@@ -352,7 +352,7 @@ class Pipeline:
                         encoder.snapshot_events(
                             relation,
                             rows,
-                            commit_lsn=point,
+                            commit_lsn=point - 1,
                             commit_time=commit_time,
                             first_seq=seq,
                             last=last,

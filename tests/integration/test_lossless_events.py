@@ -17,9 +17,11 @@ are unique — against real PostgreSQL servers (every installed version) and a r
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.e2e import (
@@ -34,6 +36,7 @@ from tests.e2e import (
     parquet_events,
     position,
     run_cdcd,
+    start_cdcd,
     write_config,
 )
 from tests.integration.test_e2e_files import assert_streamed, wal_position
@@ -276,3 +279,73 @@ def test_positions_unique_across_tables_messages_and_snapshot(
         lsn for lsn in commits if sum(e["source"]["commit_lsn"] == lsn for e in events) > 1000
     }
     assert {m["source"]["lsn"] for m in shared} & streamed_commits
+
+
+def walsender_waits_for(db: PgDatabase, xid: int) -> bool:
+    """Is a walsender (building the new slot's snapshot) waiting for transaction ``xid``?"""
+    return bool(
+        db.fetchval(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+            "WHERE a.backend_type = 'walsender' AND l.locktype = 'transactionid' "
+            f"AND NOT l.granted AND l.transactionid::text = '{xid}'"
+        )
+    )
+
+
+def test_snapshot_position_is_unique_when_a_commit_follows_the_consistent_point(
+    pg_db: PgDatabase, tmp_path: Path
+) -> None:
+    """The slot's consistent point is the end of the running-xacts record at which its
+    snapshot became consistent. A transaction running there (started after the snapshot
+    builder's last phase began, so not in the exported snapshot but decoded in full) whose
+    commit record comes right after that record commits *at* the consistent point. Snapshot
+    events sit one before it, inside the running-xacts record, so the two never share a
+    position. Steered here through the builder's phases with open transactions."""
+    pg_db.execute(
+        "CREATE TABLE a (id int PRIMARY KEY, v text);"
+        "INSERT INTO a SELECT g, 'snapshot' FROM generate_series(1, 5) g"
+    )
+    cfg = write_config(tmp_path, pg_db.dsn, snapshot="initial")
+    log = tmp_path / "cdcd.log"
+
+    def begin(conn: Any, row: int) -> int:
+        cur = conn.cursor()
+        cur.execute("BEGIN")
+        cur.execute(f"INSERT INTO a VALUES ({row}, 'streamed')")
+        cur.execute("SELECT pg_current_xact_id()::text::bigint")
+        return int(cur.fetchone()[0])
+
+    def wait(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert daemon.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, what
+            time.sleep(0.001)
+
+    with pg_db.connect() as one, pg_db.connect() as two, pg_db.connect() as three:
+        x1 = begin(one, 101)  # running when the slot is created: BUILDING_SNAPSHOT
+        daemon = start_cdcd("run", "--config", str(cfg), log_path=log)
+        try:
+            wait(lambda: walsender_waits_for(pg_db, x1), "the snapshot builder to wait")
+            x2 = begin(two, 102)  # running at the next record: FULL_SNAPSHOT, waits for it
+            one.cursor().execute("COMMIT")
+            wait(lambda: walsender_waits_for(pg_db, x2), "the builder's second wait")
+            begin(three, 103)  # newer than the FULL_SNAPSHOT point: decoded, not exported
+            two.cursor().execute("COMMIT")  # the builder logs running xacts: consistent
+            time.sleep(0.2)  # the builder logs it at once (polling would write WAL itself)
+            three.cursor().execute("COMMIT")  # the next WAL record on this quiet server
+            state = tmp_path / "cdcd-state" / "cdcd_e2e.snapshot.json"
+            wait(lambda: state.exists() and "done" in state.read_text(), "the snapshot")
+        finally:
+            daemon.terminate()
+            daemon.wait(60)
+    run_cdcd("run", "--config", str(cfg), "--endpos", wal_position(pg_db))
+
+    events = list(all_events(tmp_path / "out"))
+    assert_no_duplicates(events)
+    point = orjson.loads(state.read_bytes())["consistent_point"]
+    snapshot = [e for e in events if e["op"] == "r"]
+    assert len(snapshot) == 7 and {position(e)[0] for e in snapshot} == {point - 1}
+    last = max(events, key=position)
+    assert last["after"]["id"] == 103
+    assert last["source"]["commit_lsn"] == point, "the commit did not follow the point"
