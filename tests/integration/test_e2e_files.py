@@ -649,9 +649,9 @@ def test_logical_messages(pg_db: PgDatabase, tmp_path: Path) -> None:
     (insert,) = cdc.events("t")
     assert messages[0]["source"]["commit_lsn"] == insert["source"]["commit_lsn"]
     assert messages[0]["source"]["seq"] == 1
-    for message in messages[1:]:  # position: its own LSN, seq 0
+    for message in messages[1:]:  # position: its own LSN - 1, seq 0 (CONTRACT §3)
         assert message["source"]["seq"] == 0
-        assert message["source"]["commit_lsn"] == message["source"]["lsn"]
+        assert message["source"]["commit_lsn"] == message["source"]["lsn"] - 1
 
 
 # --------------------------------------------------------------------------- 8. partitions
