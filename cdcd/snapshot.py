@@ -14,7 +14,11 @@ attempt may then appear twice in the sinks, with different positions: consumers 
 ``r`` event per key, as with Debezium's restarted snapshots).
 
 Positions: all snapshot events form one pseudo-transaction at ``commit_lsn`` = the slot's
-consistent point, ``seq`` counting across tables, which sorts them before every streamed change.
+consistent point - 1, ``seq`` counting across tables, which sorts them before every streamed
+change. Not the point itself: it is the end of the running-xacts record at which the snapshot
+became consistent, and a transaction still running there (not in the snapshot, decoded in full)
+can commit with its commit record right after that one, i.e. at the point; one byte earlier
+lies inside that record, where nothing commits (CONTRACT §3: positions are unique).
 Values are read as text with the same session settings as the replication connection and go
 through the same text converters as streamed changes.
 """

@@ -191,13 +191,20 @@ def _fill_unavailable(row: dict[str, Any], previous: dict[str, Any] | None) -> d
     return {c: previous[c] if v == UNAVAILABLE else v for c, v in row.items()}
 
 
+def _key_ident(key: Any) -> str:
+    return orjson.dumps(key, option=orjson.OPT_SORT_KEYS).decode()
+
+
 def apply_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The table state after applying ``events`` in ``(commit_lsn, seq)`` order, as a consumer
     would: rows matched by ``key`` when the event has one, else by the whole ``before`` row
     (a table without key: duplicate rows are kept); unchanged-TOAST markers keep the previous
-    value. Returns the rows (unordered)."""
+    value. The create of a key change (``source.old_key``) takes its unchanged-TOAST values
+    from the row held under ``old_key`` just before (which the delete before it removed),
+    the consumer rule of CONTRACT §3. Returns the rows (unordered)."""
     keyed: dict[str, dict[str, Any]] = {}
     keyless: list[dict[str, Any]] = []
+    removed: dict[str, dict[str, Any]] = {}  # the last row deleted under each key
 
     def take_keyless(before: dict[str, Any] | None) -> dict[str, Any]:
         assert before is not None, "update/delete of a keyless table without a before image"
@@ -208,13 +215,17 @@ def apply_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
     for event in sorted(events, key=position):
         op, key = event["op"], event.get("key")
-        ident = orjson.dumps(key, option=orjson.OPT_SORT_KEYS).decode() if key is not None else None
+        ident = _key_ident(key) if key is not None else None
+        old_key = event["source"].get("old_key")
         if op == "t":
             keyed.clear()
             keyless.clear()
         elif op in ("c", "r"):
             if ident is None:
                 keyless.append(event["after"])
+            elif old_key is not None:
+                old = _key_ident(old_key)
+                keyed[ident] = _fill_unavailable(event["after"], keyed.get(old, removed.get(old)))
             else:
                 keyed[ident] = event["after"]
         elif op == "u":
@@ -227,7 +238,9 @@ def apply_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             if ident is None:
                 take_keyless(event["before"])
             else:
-                assert keyed.pop(ident, None) is not None, f"delete of an unknown row {key}"
+                row = keyed.pop(ident, None)
+                assert row is not None, f"delete of an unknown row {key}"
+                removed[ident] = row
     return list(keyed.values()) + keyless
 
 
@@ -277,6 +290,9 @@ def parquet_event(record: dict[str, Any]) -> dict[str, Any]:
     ``key`` null for a table without key columns."""
     lost = dict(record.get("unrepresentable") or [])
     source = {k: v for k, v in record["source"].items() if v is not None}
+    for link in ("old_key", "new_key"):  # structs of the key columns, native values
+        if link in source:
+            source[link] = {c: native_to_json(v) for c, v in source[link].items()}
     event: dict[str, Any] = {
         "op": record["op"],
         "source": source,

@@ -24,7 +24,8 @@ What is released, and when:
   :attr:`Assembler.unknown_gid_resolutions` (an empty prepared transaction sends no Begin
   Prepare; after a restart the prepare may already have been confirmed).
 - A non-transactional logical message is released at once as kind ``"message"``, wherever
-  it appears; a transactional one is a change of its transaction.
+  it appears, at commit LSN ``its LSN - 1`` and end LSN its LSN (:func:`_single_message`);
+  a transactional one is a change of its transaction.
 
 Relations: Relation messages outside a stream block update the relation cache at once (as
 the apply worker does). Inside a stream block they are part of that streamed transaction,
@@ -715,10 +716,15 @@ class Assembler:
 
 
 def _single_message(msg: Message, lsn: int) -> Transaction:
+    """A non-transactional message as a Transaction of its own. Its position is ``msg.lsn - 1``:
+    pgoutput's Message LSN is the *end* of the message's WAL record, which is where the next
+    record begins, so it can be the commit LSN of the transaction committed right after it;
+    one byte before is inside the message's own record, where no transaction commits. It is
+    acknowledged with ``msg.lsn``, as before (end LSNs stay strictly increasing)."""
     return Transaction(
         kind="message",
         xid=msg.xid or 0,
-        commit_lsn=msg.lsn,
+        commit_lsn=msg.lsn - 1,
         end_lsn=msg.lsn,
         commit_time=0,
         size=1,

@@ -25,9 +25,10 @@ The inputs
   never stale.
 * **Queued transactions** (:meth:`queued`): a committed transaction handed from the reader to the
   writer. End LSNs strictly increase in delivery order; one whose end LSN is not beyond the last
-  queued is a resend after a reconnect, and :meth:`queued` says to drop it. Commit LSNs may tie
-  (a non-transactional message's LSN is the end of its record, where a commit may start), end
-  LSNs do not. The reader reports a released transaction here before its next ``await``.
+  queued is a resend after a reconnect, and :meth:`queued` says to drop it. End LSNs are what
+  identifies a resend: a non-transactional message's end LSN is its LSN (the end of its record,
+  where the next commit record may start), and positions are made unique separately (the
+  message's position is its LSN - 1, see the README's "Change events"). The reader reports a released transaction here before its next ``await``.
 * **Committed prepared transactions** (``prepared_cap`` of :meth:`queued`): once the confirmed
   position passes a PREPARE, the server never resends that transaction's changes (at COMMIT
   PREPARED it sends only Commit Prepared). So until the *committed* transaction is durable in

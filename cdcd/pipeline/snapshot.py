@@ -1,6 +1,8 @@
 """Orchestrating the initial snapshot: every published table read at the slot's exported
-snapshot and handed to the sinks as one pseudo-transaction of ``op: "r"`` events positioned at the
-consistent point (how rows are read: :mod:`cdcd.snapshot`; the README's "Snapshots" section).
+snapshot and handed to the sinks as one pseudo-transaction of ``op: "r"`` events (how rows are
+read: :mod:`cdcd.snapshot`). Their position is just before the consistent point
+(``commit_lsn`` = point - 1: a transaction may commit at the point itself); the pseudo-transaction
+is acknowledged at the point.
 
 It runs before streaming starts, so it writes to the sinks directly, one after the other,
 retrying :class:`~cdcd.errors.TransientSinkError` as the writer does. The progress tracker counts
@@ -63,7 +65,7 @@ async def initial_snapshot(
             txn = Transaction(
                 kind="snapshot",
                 xid=0,
-                commit_lsn=point,
+                commit_lsn=point - 1,  # a commit can start at the point (cdcd.snapshot)
                 end_lsn=point,
                 commit_time=commit_time,
                 size=0,
@@ -78,7 +80,7 @@ async def initial_snapshot(
                     encoder.snapshot_events(
                         relation,
                         rows,
-                        commit_lsn=point,
+                        commit_lsn=point - 1,
                         commit_time=commit_time,
                         first_seq=seq,
                         last=last,

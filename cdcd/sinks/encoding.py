@@ -28,6 +28,8 @@ methods:
     transaction() -> dict | None  the value's ``transaction`` block (None: non-transactional)
     schema_info() -> dict | None  the table's columns and key, as in Encoder.schema_info
     unchanged_toast() -> list[str]  columns whose value PostgreSQL did not send
+    key_link(native=False) -> (field, key) | None   ("new_key", ...) on the delete and
+                                  ("old_key", ...) on the create of a key change, else None
     key_names -> tuple[str, ...] | None, catalog -> Catalog
 
 ``Encoder(context: SinkContext, catalog: Catalog, clock=time.time)``:
@@ -45,7 +47,10 @@ Rules the encoder implements (CONTRACT §3):
 - An Update whose key values differ between the old image (``K`` or ``O``) and the new row is
   a delete of the old key followed by a create of the new key. Key columns whose old value is
   unknown (``n`` in a ``K`` image: not part of the replica identity) or unchanged TOAST are
-  not compared.
+  not compared. The pair is linked: the delete's ``source.new_key`` is the create's ``key``,
+  the create's ``source.old_key`` the delete's ``key`` (:meth:`ChangeEvent.key_link`); other
+  events have neither field. A consumer fills the create's unchanged-TOAST columns from the
+  row it held under ``old_key`` (PostgreSQL's own subscriber keeps the old values too).
 - ``before`` is the old image when the server sent one: ``O`` the whole row, ``K`` the key
   columns with the other columns null (Debezium's shape); otherwise null.
 - Unchanged TOAST (``u``) columns of the new row are filled from an ``O`` image when it carries
@@ -58,7 +63,9 @@ Rules the encoder implements (CONTRACT §3):
   ``source.truncate = {"cascade", "restart_identity"}``.
 - Logical messages are op ``m`` with ``message = {"prefix", "content": base64}`` and
   ``source.transactional``. A non-transactional one (a Transaction of kind ``"message"``) has
-  position ``(its LSN, 0)``, ``source.txId`` null and ``transaction`` null.
+  position ``(its LSN - 1, 0)`` (the assembler's commit LSN for it: inside the message's own
+  WAL record, where no transaction can commit), ``source.lsn`` the LSN as sent,
+  ``source.txId`` null and ``transaction`` null.
 - ``source.sequence`` is the JSON string ``["<previous lsn>","<lsn>"]`` like Debezium's, where
   the previous LSN is that of the previous event of the same transaction, and null for the
   first event (as Debezium writes when it knows no earlier position). It is a pure function of
@@ -282,6 +289,37 @@ class _TxnInfo:
 _UNSET: Any = object()
 
 
+class _KeyLink:
+    """What the delete and the create of a key change share (their ``extra``): the old image
+    (the delete's ``before``), the new row and its TOAST fill image (the create's ``after``)."""
+
+    __slots__ = ("fill", "new", "old")
+
+    def __init__(self, old: TupleData, new: TupleData, fill: TupleData | None) -> None:
+        self.old = old
+        self.new = new
+        self.fill = fill
+
+
+def _image_key(rel: _RelInfo, native: bool, tup: TupleData, fill: TupleData | None) -> Row:
+    """The key columns of ``tup`` as :meth:`ChangeEvent.key` gives them for an event whose row
+    it is: unchanged TOAST key columns filled from ``fill`` where it has them."""
+    dec = rel.decoder(native)
+    row = dec.decode(tup)
+    kinds = tup.kinds
+    if fill is not None and KIND_UNCHANGED_TOAST in kinds:
+        old = dec.decode(fill)
+        names = dec.names
+        for i in rel.key_idx:
+            if (
+                kinds[i] == KIND_UNCHANGED_TOAST
+                and i < len(fill.kinds)
+                and fill.kinds[i] != KIND_UNCHANGED_TOAST
+            ):
+                row[names[i]] = old[names[i]]
+    return {name: row[name] for name in rel.key_names or ()}
+
+
 class ChangeEvent:
     """One change event (CONTRACT §3). Cheap to make; values are built on first request and
     cached, so every sink sees the same bytes."""
@@ -350,7 +388,7 @@ class ChangeEvent:
         self._before_tup = before
         self._after_tup = after
         self._fill_tup = fill
-        self._extra = extra  # Truncate flags, or the Message
+        self._extra = extra  # Truncate flags, the Message, or the _KeyLink of a key change
         self._snapshot = snapshot
         self._json_rows: tuple[Row | None, Row | None, list[str]] | None = None
         self._native_rows: tuple[Row | None, Row | None, list[str]] | None = None
@@ -451,6 +489,18 @@ class ChangeEvent:
 
     # --- key and value ---------------------------------------------------------------------
 
+    def key_link(self, native: bool = False) -> tuple[str, Row] | None:
+        """For the two events of a key change, the field that links them and its value:
+        ``("new_key", <the create's key>)`` on the delete, ``("old_key", <the delete's key>)``
+        on the create (JSON-ready, or native values for Parquet). None for any other event."""
+        link = self._extra
+        rel = self._rel
+        if not isinstance(link, _KeyLink) or rel is None:
+            return None
+        if self.op == "d":
+            return ("new_key", _image_key(rel, native, link.new, link.fill))
+        return ("old_key", _image_key(rel, native, link.old, None))
+
     def key(self) -> Row | None:
         cached = self._key
         if cached is not _UNSET:
@@ -484,6 +534,9 @@ class ChangeEvent:
                 unchanged = self._rows(False)[2]
                 if unchanged:
                     src["unchanged_toast"] = unchanged
+                link = self.key_link()
+                if link is not None:
+                    src[link[0]] = link[1]
             self._source = src
         return src
 
@@ -558,6 +611,7 @@ class ChangeEvent:
             prev = self._prev_lsn
             first = "null" if prev is None else f'\\"{prev}\\"'
             txid = txn.txid
+            link = self.key_link() if self._extra is not None else None
             block = (
                 "null"
                 if txid is None
@@ -575,6 +629,7 @@ class ChangeEvent:
                     f'"commit_lsn":{self.commit_lsn},"seq":{seq}'.encode(),
                     txn.origin_json,
                     b',"unchanged_toast":' + orjson.dumps(unchanged) if unchanged else b"",
+                    b"" if link is None else f',"{link[0]}":'.encode() + orjson.dumps(link[1]),
                     f'}},"op":"{op}","ts_ms":{self.ts_ms},"transaction":{block}'.encode(),
                 )
             )
@@ -675,9 +730,10 @@ class Encoder:
             old = change.old
             fill = old if change.old_kind == "O" else None
             if old is not None and rel.key_idx and _key_changed(rel.key_idx, old, change.new):
+                link = _KeyLink(old, change.new, fill)
                 return (
-                    ("d", rel, old, None, None, None),
-                    ("c", rel, None, change.new, fill, None),
+                    ("d", rel, old, None, None, link),
+                    ("c", rel, None, change.new, fill, link),
                 )
             return (("u", rel, old, change.new, fill, None),)
         if isinstance(change, Delete):
@@ -717,8 +773,9 @@ class Encoder:
     ) -> Iterator[ChangeEvent]:
         """Op ``r`` events for rows read by an initial snapshot.
 
-        The snapshot feature chooses the position: typically ``commit_lsn`` = the slot's
-        consistent point and ``seq`` counting every row of the snapshot from ``first_seq``.
+        The snapshot feature chooses the position: ``commit_lsn`` = the slot's consistent
+        point - 1 (a transaction can commit at the point itself, see :mod:`cdcd.snapshot`) and
+        ``seq`` counting every row of the snapshot from ``first_seq``.
         Events have ``source.snapshot = "true"``; with ``last=True`` the final row is marked
         ``"last"``. They have no ``transaction`` block; ``lsn`` equals ``commit_lsn``.
         """

@@ -7,6 +7,10 @@ Records::
     value   event.value_json()            the Debezium-compatible event (CONTRACT §3)
     headers cdcd.commit_lsn, cdcd.seq, cdcd.xid, cdcd.op   (ASCII decimal; op as its letter;
                                           cdcd.xid is left out when the event has no xid)
+            __debezium.newkey             on the delete of a key change: the new key as JSON
+            __debezium.oldkey             on the create of a key change: the old key as JSON
+                                          (Debezium's headers; the value's source.new_key /
+                                          source.old_key hold the same objects)
     after a delete with a key: a tombstone (same key and headers, null value) unless
     ``tombstones: false``
 
@@ -157,6 +161,8 @@ _Where = tuple[int, int, int, str] | str
 _Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int, _Where]
 _RECORD_OVERHEAD = 64  # what a record counts for buffer_bytes beyond its key and value
 _OP_BYTES = {op: op.encode() for op in "crudtm"}
+#: the header naming the other key of a key change, by the source field that holds it
+_LINK_HEADERS = {"new_key": "__debezium.newkey", "old_key": "__debezium.oldkey"}
 
 
 def _where_text(where: _Where) -> str:
@@ -352,6 +358,9 @@ class KafkaSink(Sink):
                 + ([("cdcd.xid", xid_bytes)] if xid_bytes is not None else [])
                 + [("cdcd.op", op_bytes)]
             )
+            link = event.key_link() if op == "d" or op == "c" else None
+            if link is not None:  # a key change: Debezium's header linking the pair
+                headers.append((_LINK_HEADERS[link[0]], orjson.dumps(link[1])))
             key = event.key_json()  # {"prefix": ...} for logical messages
             where = (event.commit_lsn, event.seq, event.lsn, "")
             self._add(topic, key, event.value_json(), headers, ts, where)

@@ -14,7 +14,8 @@ Row schema (the JSON event's fields, CONTRACT §3)::
                         ts_ms, ts_us: int64, snapshot: string, txId: int64, lsn: int64,
                         sequence: string, xmin: int64, commit_lsn: int64, seq: int64,
                         origin: string, unchanged_toast: list<string>,
-                        truncate: struct<cascade: bool, restart_identity: bool>>
+                        truncate: struct<cascade: bool, restart_identity: bool>,
+                        old_key, new_key: struct<key columns>>   (only with key columns)
     ts_ms        int64
     transaction  struct<id: string, total_order: int64, data_collection_order: int64>
     key          struct<key columns>      only when the table has key columns
@@ -35,6 +36,10 @@ column, and its JSON value (as JSON text, exactly what the JSON Lines file carri
 ``unrepresentable`` under ``"before.<column>"`` / ``"after.<column>"``. A reader that needs
 every value coalesces the two; a reader that does not care sees a null. Unchanged TOAST
 values are null, as in the native rows, and listed in ``source.unchanged_toast``.
+
+``source.old_key`` / ``source.new_key`` have the type of ``key`` and are null except on the two
+events of a key change (the delete carries ``new_key``, the create ``old_key``, CONTRACT §3); a
+table without key columns has neither field (its updates never change a key).
 
 The Arrow schema's metadata ``cdcd.schema`` carries the table's columns (the ``_schema`` file
 document). Events are buffered, converted column by column (:mod:`cdcd.sinks.parquet_columns`;
@@ -128,7 +133,11 @@ SOURCE_TYPE = pa.struct(
 TRANSACTION_TYPE = pa.struct(
     [("id", pa.string()), ("total_order", pa.int64()), ("data_collection_order", pa.int64())]
 )
-_SOURCE_FIELDS = tuple(f.name for f in SOURCE_TYPE)
+
+
+def _link_fields(key_type: pa.DataType) -> list[pa.Field]:
+    """``source.old_key`` and ``source.new_key`` of a table with key columns."""
+    return [pa.field("old_key", key_type), pa.field("new_key", key_type)]
 
 
 # --- type mapping ----------------------------------------------------------------------------
@@ -246,17 +255,22 @@ class RowLayout:
         by_name = {c.name: c for c in self.columns}
         self.key_names = tuple(k for k in key_names or () if k in by_name)
         self.row_type = pa.struct([(c.name, c.type) for c in self.columns])
+        self.key_type = pa.struct([(k, by_name[k].type) for k in self.key_names])
+        self.source_type = SOURCE_TYPE
+        if self.key_names:
+            self.source_type = pa.struct([*SOURCE_TYPE, *_link_fields(self.key_type)])
+        self.source_fields = tuple(f.name for f in self.source_type)
+        self._by_name = by_name
         fields: list[pa.Field] = [
             pa.field("op", pa.string()),
             pa.field("before", self.row_type),
             pa.field("after", self.row_type),
-            pa.field("source", SOURCE_TYPE),
+            pa.field("source", self.source_type),
             pa.field("ts_ms", pa.int64()),
             pa.field("transaction", TRANSACTION_TYPE),
         ]
         if self.key_names:
-            key_type = pa.struct([(k, by_name[k].type) for k in self.key_names])
-            fields.append(pa.field("key", key_type))
+            fields.append(pa.field("key", self.key_type))
         fields.append(pa.field("unrepresentable", pa.map_(pa.string(), pa.string())))
         metadata = {"cdcd.schema": orjson.dumps(schema_info)} if schema_info else None
         self.schema = pa.schema(fields, metadata=metadata)
@@ -301,6 +315,23 @@ class RowLayout:
             row[col.name] = v
         return row
 
+    def linked_key(self, event: ChangeEvent) -> tuple[str, dict[str, Any]] | None:
+        """``("old_key" | "new_key", key)`` with the key's values as the ``key`` column holds
+        them, for the two events of a key change (see :meth:`ChangeEvent.key_link`)."""
+        link = event.key_link(native=True)
+        if link is None or not self.key_names:
+            return None
+        name, native = link
+        key: dict[str, Any] = {}
+        for k in self.key_names:
+            col, v = self._by_name[k], native.get(k)
+            if col.fits is None:
+                v = as_text(v)
+            elif v is not None and not col.fits(v):
+                v = None  # as in ``key``: the value has no native form (the sidecar has it)
+            key[k] = v
+        return name, key
+
     def record(self, event: ChangeEvent) -> dict[str, Any]:
         """One event as a row (a dict matching :attr:`schema`)."""
         sidecar: list[tuple[str, str]] = []
@@ -312,12 +343,16 @@ class RowLayout:
             "op": event.op,
             "before": before,
             "after": after,
-            "source": {name: source.get(name) for name in _SOURCE_FIELDS},
+            "source": {name: source.get(name) for name in self.source_fields},
             "ts_ms": event.ts_ms,
             "transaction": event.transaction(),
             "unrepresentable": sidecar or None,
         }
         if self.key_names:
+            record["source"]["old_key"] = record["source"]["new_key"] = None
+            link = self.linked_key(event)
+            if link is not None:
+                record["source"][link[0]] = link[1]
             row = after if after is not None else before
             record["key"] = (
                 None if row is None or event.op == "t" else {k: row[k] for k in self.key_names}

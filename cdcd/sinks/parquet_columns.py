@@ -339,6 +339,8 @@ class ColumnBuilder:
         source = self._source(
             txns, rels, snapshots, extras, prevs, ops, lsn_arr, seq_arr, unchanged
         )
+        if self.layout.key_names:
+            source = self._with_links(source, events, ops, extras)
         ids, id_index = _distinct([t.txid for t in txns])
         txid = _spread([i for (i,) in ids], id_index, n, pa.string())
         transaction = pa.StructArray.from_arrays(
@@ -466,6 +468,8 @@ class ColumnBuilder:
                 children.append(per_row[name])
             elif name == "unchanged_toast":
                 children.append(pa.array(unchanged, field.type))
+            elif name == "old_key" or name == "new_key":
+                children.append(pa.nulls(n, field.type))  # filled in by _with_links
             elif name == "truncate":
                 flags = (
                     [
@@ -480,6 +484,33 @@ class ColumnBuilder:
                 )
             else:
                 children.append(_spread([b.get(name) for b in bases], index, n, field.type))
+        return pa.StructArray.from_arrays(children, fields=list(self.source_type))
+
+    def _with_links(
+        self,
+        source: pa.StructArray,
+        events: Sequence[ChangeEvent],
+        ops: list[str],
+        extras: list[Any],
+    ) -> pa.StructArray:
+        """``source`` with its ``old_key`` / ``new_key`` children filled in on the two events of
+        each key change (:meth:`RowLayout.linked_key`; both null on every other event)."""
+        layout = self.layout
+        n = len(events)
+        links: dict[str, list[Any]] = {"old_key": [None] * n, "new_key": [None] * n}
+        found = False
+        for row, (op, extra) in enumerate(zip(ops, extras, strict=True)):
+            if extra is not None and (op == "c" or op == "d"):
+                link = layout.linked_key(events[row])
+                if link is not None:
+                    links[link[0]][row] = link[1]
+                    found = True
+        if not found:
+            return source
+        children = [
+            pa.array(links[f.name], f.type) if f.name in links else source.field(i)
+            for i, f in enumerate(self.source_type)
+        ]
         return pa.StructArray.from_arrays(children, fields=list(self.source_type))
 
     def _key(

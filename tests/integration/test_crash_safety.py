@@ -226,10 +226,10 @@ class Workload(threading.Thread):
             self._transaction(kind)
 
     def _nontransactional_message(self, cur: Any) -> None:
-        """Emitted inside a transaction, before its first change, and counted at once (it is
-        delivered whatever becomes of the transaction). Never directly before a commit record:
-        that would give it the same position as the commit (see
-        test_nontransactional_message_position_is_unique)."""
+        """Emitted inside a transaction, before its first change or right before its COMMIT
+        (then the message's LSN is the transaction's commit LSN: its position is one less,
+        see test_nontransactional_message_position_is_unique), and counted at once (it is
+        delivered whatever becomes of the transaction)."""
         cur.execute("SELECT pg_logical_emit_message(false, 'crash', %s)", ("nt",))
         self.committed[("_messages", "m")] += 1
 
@@ -314,12 +314,15 @@ class Workload(threading.Thread):
                 cur.execute("SELECT pg_current_xact_id()::text::bigint")
                 xid = cur.fetchone()[0]
                 self.kinds[xid] = kind
+                before_commit = False
                 if (
                     self.nontransactional_messages
                     and kind != "prepare"
                     and self.rng.random() < 0.15
                 ):
-                    self._nontransactional_message(cur)
+                    before_commit = self.rng.random() < 0.5
+                    if not before_commit:
+                        self._nontransactional_message(cur)
                 self._statements(cur, self._mode(kind), counts)
                 if kind == "abort":
                     cur.execute("ROLLBACK")
@@ -331,6 +334,8 @@ class Workload(threading.Thread):
                     cur.execute("PREPARE TRANSACTION %s", (gid,))
                     self._prepared[gid] = (xid, counts)
                     return
+                if before_commit:
+                    self._nontransactional_message(cur)
                 cur.execute("COMMIT")
         except (psycopg2.OperationalError, psycopg2.InterfaceError):
             self._lost()
@@ -772,15 +777,10 @@ def test_sigterm_drains_and_exits_zero(
     assert_exactly_once(pg_db, out, workload)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CONTRACT §3 gives a non-transactional message the position (its own LSN, 0); "
-    "PostgreSQL's message LSN is the END of the message's WAL record, which is the commit "
-    "LSN of a transaction whose commit record directly follows it, so that transaction's "
-    "first event gets the same (commit_lsn, seq) and a consumer deduplicating on it drops "
-    "one of the two (position assigned in cdcd/sinks/encoding.py; the contract must change)",
-)
 def test_nontransactional_message_position_is_unique(pg_db: PgDatabase, tmp_path: Path) -> None:
+    """PostgreSQL's Message LSN is the END of the message's WAL record: here the commit LSN of
+    the transaction whose commit record follows it. CONTRACT §3 puts the message at
+    ``(its LSN - 1, 0)``, inside its own record, so the two positions differ."""
     prepare_database(pg_db)
     cfg = make_config(tmp_path, pg_db.dsn)
     # The message record is the last before the commit record: message LSN == commit LSN.
@@ -792,6 +792,9 @@ def test_nontransactional_message_position_is_unique(pg_db: PgDatabase, tmp_path
     events = list(all_events(tmp_path / "out"))
     assert sorted(e["op"] for e in events) == ["c", "m"]
     assert_no_duplicates(events)
+    insert, message = sorted(events, key=lambda e: e["op"])
+    assert message["source"]["lsn"] == insert["source"]["commit_lsn"]  # the case at hand
+    assert position(message) == (message["source"]["lsn"] - 1, 0)
 
 
 def test_idle_slot_confirms_the_keepalive_position(

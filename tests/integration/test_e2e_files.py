@@ -329,9 +329,11 @@ def test_unchanged_toast(pg_db: PgDatabase, tmp_path: Path) -> None:
 
 def test_key_change_with_unchanged_toast(pg_db: PgDatabase, tmp_path: Path) -> None:
     """An update that changes the key and leaves a TOASTed value unchanged becomes delete +
-    create. Under FULL the create carries the value (from the old row). Under DEFAULT the
-    server sends neither the value nor the old row: the create carries the marker and lists
-    the column (a consumer cannot rebuild that row; Debezium has the same limitation)."""
+    create, linked by ``source.new_key`` / ``source.old_key``. Under FULL the create carries
+    the value (from the old row). Under DEFAULT the server sends neither the value nor the old
+    row: the create carries the marker and lists the column, and a consumer takes the value
+    from the row it held under ``old_key`` (tests/integration/test_lossless_events.py has the
+    thorough version)."""
     for table, identity in (("toast_default", "DEFAULT"), ("toast_full", "FULL")):
         pg_db.execute(
             f"""
@@ -353,10 +355,15 @@ def test_key_change_with_unchanged_toast(pg_db: PgDatabase, tmp_path: Path) -> N
     assert events[2]["key"] == {"id": 10} and events[2]["after"] == {"id": 10, "big": big}
     assert not events[2]["source"].get("unchanged_toast")
 
-    events = cdc.events("toast_default")
+    events = cdc.assert_state("toast_default")
     assert ops(events) == "cdc"
     assert events[2]["after"] == {"id": 10, "big": UNAVAILABLE}
     assert events[2]["source"]["unchanged_toast"] == ["big"]
+    for events in (cdc.events("toast_default"), cdc.events("toast_full")):
+        assert events[1]["source"]["new_key"] == events[2]["key"] == {"id": 10}
+        assert events[2]["source"]["old_key"] == events[1]["key"] == {"id": 1}
+        assert "old_key" not in events[1]["source"] and "new_key" not in events[2]["source"]
+        assert not {"old_key", "new_key"} & set(events[0]["source"])
 
 
 # --------------------------------------------------------------------------- 3. TRUNCATE
@@ -642,9 +649,9 @@ def test_logical_messages(pg_db: PgDatabase, tmp_path: Path) -> None:
     (insert,) = cdc.events("t")
     assert messages[0]["source"]["commit_lsn"] == insert["source"]["commit_lsn"]
     assert messages[0]["source"]["seq"] == 1
-    for message in messages[1:]:  # position: its own LSN, seq 0
+    for message in messages[1:]:  # position: its own LSN - 1, seq 0 (CONTRACT §3)
         assert message["source"]["seq"] == 0
-        assert message["source"]["commit_lsn"] == message["source"]["lsn"]
+        assert message["source"]["commit_lsn"] == message["source"]["lsn"] - 1
 
 
 # --------------------------------------------------------------------------- 8. partitions

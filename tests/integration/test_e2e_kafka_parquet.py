@@ -32,6 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from cdcd.lsn import parse_lsn
@@ -138,6 +139,9 @@ def check_topic(records: list[KafkaRecord], expected: list[dict[str, Any]]) -> N
         }
         if src.get("txId") is not None:
             headers["cdcd.xid"] = str(src["txId"])
+        for link, header in (("new_key", "__debezium.newkey"), ("old_key", "__debezium.oldkey")):
+            if link in src:  # a key change's pair (CONTRACT §3): the other key as JSON
+                headers[header] = orjson.dumps(src[link]).decode()
         assert record.headers == headers, record
     for i, record in enumerate(records):
         if record.is_tombstone:

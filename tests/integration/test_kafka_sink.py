@@ -80,6 +80,9 @@ class Event:
     def value_json(self) -> bytes:
         return orjson.dumps(self.value())
 
+    def key_link(self, native: bool = False) -> tuple[str, dict[str, Any]] | None:
+        return None  # key changes: tests/integration/test_lossless_events.py
+
 
 class TxnBuilder:
     """Builds consecutive transactions with increasing LSNs."""

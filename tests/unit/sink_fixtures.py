@@ -120,7 +120,7 @@ def standalone_message(lsn: int, prefix: str, content: bytes) -> Transaction:
     return Transaction(
         kind="message",
         xid=0,
-        commit_lsn=lsn,
+        commit_lsn=lsn - 1,  # as the assembler releases it (cdcd.assembler.assembler)
         end_lsn=lsn,
         commit_time=790_000_000_000_000,
         size=1,

@@ -176,8 +176,8 @@ def test_messages_transactional_and_not(asm: Assembler, feed: Feeder) -> None:
     assert (single.kind, single.xid, single.commit_lsn, single.end_lsn, single.size) == (
         "message",
         0,
-        0x5000,
-        0x5000,
+        0x4FFF,  # the message's LSN - 1: inside its own WAL record (CONTRACT §3)
+        0x5000,  # acknowledged with the LSN as sent
         1,
     )
     (rec,) = single.changes()
@@ -188,7 +188,7 @@ def test_messages_transactional_and_not(asm: Assembler, feed: Feeder) -> None:
     inside = Message(None, False, 0x6008, "p", b"inside but not transactional")
     assert feed(begin, tx, ins("1")) == []
     (released,) = feed(inside)
-    assert released.kind == "message" and released.commit_lsn == 0x6008
+    assert released.kind == "message" and released.commit_lsn == 0x6007
     (txn,) = feed(commit)
     assert next(r.change for r in txn.changes()) is tx
     assert next(r.relations for r in txn.changes()) == ()

@@ -187,6 +187,32 @@ def test_unchanged_toast_in_the_created_row_of_a_key_change_is_filled_from_o() -
     assert create.value()["after"] == {"id": 2, "name": "bo", "note": "long"}
 
 
+def test_key_change_pair_is_linked_by_new_key_and_old_key() -> None:
+    """The delete names the create's key (``source.new_key``), the create the delete's
+    (``source.old_key``), in the value, its JSON and the native form; no other event has them."""
+    txn = (
+        TxnBuilder(12, 5000)
+        .insert(ORDERS, tup(1, "ann", "long"))
+        .update(ORDERS, tup(2, "ann", U), old=tup(1, None, None), kind="K")
+        .update(ORDERS, tup(2, "bo", U))
+        .build()
+    )
+    insert, delete, create, update = encoder().events(txn)
+    assert (delete.op, create.op, (delete.seq, create.seq)) == ("d", "c", (1, 2))
+    assert delete.source()["new_key"] == create.key() == {"id": 2}
+    assert create.source()["old_key"] == delete.key() == {"id": 1}
+    assert "old_key" not in delete.source() and "new_key" not in create.source()
+    for other in (insert, update):
+        assert other.key_link() is None
+        assert not {"old_key", "new_key"} & set(other.source())
+    assert delete.key_link(native=True) == ("new_key", {"id": 2})
+    assert create.key_link(native=True) == ("old_key", {"id": 1})
+    assert create.source()["unchanged_toast"] == ["note"]  # what old_key lets a consumer fill
+    for event in (insert, delete, create, update):
+        assert orjson.loads(event.value_json()) == event.value()
+        assert orjson.loads(event.record_json()) == {**event.value(), "key": event.key()}
+
+
 def test_truncate_is_one_consecutive_event_per_table_with_flags() -> None:
     txn = (
         TxnBuilder(13, 6000)
@@ -239,13 +265,14 @@ def test_transactional_message_is_an_op_m_event_in_its_transaction() -> None:
 
 def test_non_transactional_message_has_its_own_position_and_no_transaction() -> None:
     (msg,) = encoder().events(standalone_message(0x5000, "hb", b"x"))
-    assert msg.position == (0x5000, 0)
+    assert msg.position == (0x4FFF, 0)  # the message's LSN - 1 (CONTRACT §3)
     assert msg.lsn == 0x5000
     value = msg.value()
     assert value["transaction"] is None
     assert value["source"]["transactional"] is False
     assert value["source"]["txId"] is None
-    assert value["source"]["commit_lsn"] == 0x5000
+    assert value["source"]["lsn"] == 0x5000  # as sent
+    assert value["source"]["commit_lsn"] == 0x4FFF
     assert value["source"]["seq"] == 0
 
 

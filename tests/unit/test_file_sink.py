@@ -129,8 +129,9 @@ async def test_layout_names_and_line_shape(tmp_path: Path) -> None:
     assert first["source"]["table"] == "orders" and first["source"]["name"] == "shop"
     messages = spark_read(out / "_messages")
     assert [m["message"]["prefix"] for m in messages] == ["audit", "hb"]
-    assert messages[-1]["source"]["commit_lsn"] == 40_000 and messages[-1]["transaction"] is None
-    assert sink.durable_lsn() == 40_000
+    assert messages[-1]["source"]["commit_lsn"] == 39_999 and messages[-1]["transaction"] is None
+    assert messages[-1]["source"]["lsn"] == 40_000
+    assert sink.durable_lsn() == 40_000  # acknowledged with its LSN as sent
     # nothing hidden is left behind after a flush
     assert not [p for p in out.rglob(".*")]
 

@@ -238,6 +238,25 @@ def test_all_truncates_and_all_deletes() -> None:
     assert_same_batch(list(enc.events(b.build())))
 
 
+def test_key_change_links_are_structs_of_the_key_in_both_paths() -> None:
+    """``source.old_key`` / ``source.new_key``: typed like ``key``, set on the two events of a
+    key change only (the row path and the column path alike)."""
+    enc = make_encoder()
+    rng = random.Random(5)
+    b = TxnBuilder(11, 300)
+    b.insert(REL, random_tuple(rng, 1, nulls=0, toast=0))
+    old_key = random_tuple(rng, 1, nulls=0, toast=0, key_only=True)
+    b.update(REL, random_tuple(rng, 2, nulls=0, toast=0.5), old_key, kind="K")
+    b.update(REL, random_tuple(rng, 2, nulls=0, toast=0.5))
+    batch = assert_same_batch(list(enc.events(b.build())))
+    key_type = batch.schema.field("key").type
+    source_type = batch.schema.field("source").type
+    assert source_type.field("old_key").type == source_type.field("new_key").type == key_type
+    links = [(s["old_key"], s["new_key"]) for s in batch.column("source").to_pylist()]
+    assert links == [(None, None), (None, {"id": 2}), ({"id": 1}, None), (None, None)]
+    assert [k["id"] for k in batch.column("key").to_pylist()] == [1, 1, 2, 2]
+
+
 BAD_ROWS = {
     "wrong width": TupleData(bytes([KIND_TEXT]), (b"1",)),
     "invalid UTF-8": TupleData(
