@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from cdcd.benchlog import LATENCY_ENV, STATS_ENV, LatencyLog, write_stats
+from cdcd.stats import Stats
 
 
 def test_latency_log_records_each_transaction_once_when_durable(
@@ -37,12 +38,13 @@ def test_latency_log_records_each_transaction_once_when_durable(
 
 
 def test_write_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    stats = SimpleNamespace(
+    stats = Stats(
         events=5,
         events_by={("public.a", "c"): 3, ("public.a", "u"): 1, ("public.b", "c"): 1},
         transactions=2,
         received_messages=9,
         received_bytes=999,
+        socket_reads=7,
     )
     assembler = SimpleNamespace(total_spilled_bytes=123, spill_count=1)
     write_stats(stats, assembler)  # not asked for: nothing happens
@@ -54,4 +56,5 @@ def test_write_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert summary["events_by_op"] == {"c": 4, "u": 1}
     assert summary["events_by_table"] == {"public.a": 4, "public.b": 1}
     assert summary["spilled_bytes"] == 123 and summary["spill_count"] == 1
+    assert summary["socket_reads"] == 7
     assert summary["peak_rss_mb"] > 0
