@@ -37,6 +37,7 @@ from cdcd._purepy import (
 
 __all__ = [
     "COMPILED_MODULES",
+    "RECORD_SUFFIX",
     "StaleExtensionWarning",
     "build",
     "clean",
