@@ -193,7 +193,9 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 def _cmd_run(args: argparse.Namespace) -> int:
     def run(config: Any) -> int:
         from cdcd import app
+        from cdcd.directories import ensure_writable
 
+        ensure_writable(config)  # before connecting: exit 2 naming the key, not an I/O error later
         endpos: int | None = args.endpos
         if endpos is not None:
             _logger().info("running until end position", endpos=format_lsn(endpos))

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from cdcd.config import Config
-from cdcd.errors import EXIT_FAILURE, EXIT_OK, EXIT_SOURCE, CdcdError, DefiniteSourceError
+from cdcd.directories import write_problem, written_dirs
+from cdcd.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_SOURCE,
+    EXIT_USAGE,
+    CdcdError,
+    DefiniteSourceError,
+)
 from cdcd.lsn import format_lsn
 from cdcd.replication import slot as slots
 from cdcd.replication.client import SlotExists
@@ -43,13 +51,17 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
     from cdcd.source import Source
 
     src = config.source
-    findings: list[Finding] = []
+    findings = _directory_findings(config)
+    # a directory cdcd cannot write is a config/environment problem, as in `run` (exit 2)
+    dirs_failed = any(f.status == FAIL for f in findings)
     source = Source(config)
     try:
         await source.connect_catalog()
     except CdcdError as exc:
         findings.append(Finding("connection", FAIL, str(exc)))
         _table(findings, out)
+        if dirs_failed:
+            return EXIT_USAGE
         return exc.exit_code if exc.exit_code != EXIT_FAILURE else EXIT_SOURCE
     conn = source.catalog_conn
     try:
@@ -138,8 +150,23 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
     finally:
         await source.close()
     _table(findings, out)
+    if dirs_failed:
+        return EXIT_USAGE
     failed = [f for f in findings if f.status == FAIL]
     return EXIT_SOURCE if failed else EXIT_OK
+
+
+def _directory_findings(config: Config) -> list[Finding]:
+    """One line per directory cdcd writes (:mod:`cdcd.directories`): writable or why not."""
+    findings = []
+    for written in written_dirs(config):
+        problem = write_problem(written.path)
+        if problem is not None:
+            findings.append(Finding(written.key, FAIL, problem))
+        else:
+            creates = "" if written.path.exists() else " (will be created)"
+            findings.append(Finding(written.key, OK, f"{written.path} writable{creates}"))
+    return findings
 
 
 _IDENTITY_SQL = """
