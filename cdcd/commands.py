@@ -16,7 +16,7 @@ from cdcd.errors import (
     CdcdError,
     DefiniteSourceError,
 )
-from cdcd.lsn import format_lsn
+from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication import slot as slots
 from cdcd.replication.client import SlotExists
 
@@ -167,6 +167,28 @@ def _directory_findings(config: Config) -> list[Finding]:
             creates = "" if written.path.exists() else " (will be created)"
             findings.append(Finding(written.key, OK, f"{written.path} writable{creates}"))
     return findings
+
+
+async def current_wal_end(config: Config) -> int:
+    """Where the server's WAL ends now: ``cdcd run --endpos`` without an LSN stops there.
+
+    ``pg_current_wal_insert_lsn()``, not ``pg_current_wal_lsn()``: the latter is how far the
+    WAL is written out, and with asynchronous commit a transaction other sessions already see
+    can end past it; the insert position covers every commit made so far. On a standby (in
+    recovery) it is how far WAL has been replayed.
+    """
+    from cdcd.source import Source
+
+    source = Source(config)
+    await source.connect_catalog()
+    try:
+        text = await source.catalog_conn.fetchval(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+            "ELSE pg_current_wal_insert_lsn() END)::text"
+        )
+    finally:
+        await source.close()
+    return parse_lsn(str(text))
 
 
 _IDENTITY_SQL = """
