@@ -28,6 +28,7 @@ from types import ModuleType
 from cdcd._purepy import (
     COMPILED_MODULES,
     IMPORTED,
+    PURE_ENV,
     RECORD_SUFFIX,
     Form,
     StaleExtensionWarning,
@@ -37,6 +38,7 @@ from cdcd._purepy import (
 
 __all__ = [
     "COMPILED_MODULES",
+    "PURE_ENV",
     "RECORD_SUFFIX",
     "StaleExtensionWarning",
     "build",

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import cdcd.decoder.tuples as tuples
 from cdcd import accel
+from cdcd._purepy import examine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,7 +82,9 @@ def run_in(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [sys.executable, "-W", "default", *args],
         cwd=root,
-        env=os.environ | {"PYTHONPATH": str(root)} | env,
+        env={k: v for k, v in os.environ.items() if k != accel.PURE_ENV}
+        | {"PYTHONPATH": str(root)}
+        | env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -97,10 +100,17 @@ def test_status_names_each_module_and_its_form() -> None:
     assert done.returncode == 0, done.stderr
     lines = status_lines(done.stdout)
     assert list(lines) == list(accel.COMPILED_MODULES)
-    for name, compiled in accel.status().items():
-        assert lines[name].startswith("compiled (" if compiled else "pure Python"), lines[name]
+    # what the finder makes of the files (this process may run with CDCD_PURE_PYTHON=1)
+    kinds = {}
+    for name in accel.COMPILED_MODULES:
+        form = examine(name, REPO.joinpath(*name.split(".")).parent)
+        assert form is not None, name
+        kinds[name] = form.kind
+    for name, kind in kinds.items():
+        expected = {"compiled": "compiled (", "stale": "stale, ", "pure": "pure Python"}[kind]
+        assert lines[name].startswith(expected), lines[name]
     strict = run_in(REPO, "-m", "cdcd.accel", "status", "--strict")
-    assert strict.returncode == (0 if all(accel.status().values()) else 1), strict.stderr
+    assert strict.returncode == (0 if set(kinds.values()) == {"compiled"} else 1), strict.stderr
     pure = run_in(REPO, "-m", "cdcd.accel", "status", "--strict", CDCD_PURE_PYTHON="1")
     assert pure.returncode == 1 and "not every module is compiled" in pure.stderr
     assert set(status_lines(pure.stdout).values()) == {"pure Python (CDCD_PURE_PYTHON is set)"}
@@ -206,3 +216,15 @@ def test_unknown_kind_is_reported_with_its_column() -> None:
         with pytest.raises(module.BadKind) as info:
             module.parse_tuple(buf, 0)
         assert (info.value.column, info.value.ncols, info.value.kind) == (2, 3, ord("x"))
+
+
+def test_clean_removes_the_compiled_files_and_their_records(tmp_path: Path) -> None:
+    root = package_copy(tmp_path)
+    fake_extension(root / "cdcd" / "decoder", "tuples")
+    done = run_in(root, "-m", "cdcd.accel", "clean")
+    assert done.returncode == 0, done.stderr
+    assert str(root / "cdcd" / "decoder" / "tuples") in done.stdout
+    left = [p for p in (root / "cdcd").rglob("*") if p.suffix == ".so" or p.name.endswith(".json")]
+    assert left == []
+    status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
+    assert set(status.values()) == {"pure Python (no compiled extension)"}
