@@ -71,6 +71,11 @@ class BuildMypyc(build_ext):
 
     def finalize_options(self) -> None:
         self.not_compiled = _why_not_compiled()
+        # the sources as mypyc reads them: one edited during the build must not be recorded
+        self.records = {
+            name: PUREPY.build_record(name, ROOT / PUREPY.source_path(name))
+            for name in PUREPY.COMPILED_MODULES
+        }
         if self.not_compiled is None:
             try:
                 self.distribution.ext_modules = self._mypycify()
@@ -116,8 +121,7 @@ class BuildMypyc(build_ext):
             self.inplace = saved
 
     def _write_build_records(self) -> None:
-        for name in PUREPY.COMPILED_MODULES:
-            record = PUREPY.build_record(name, ROOT / PUREPY.source_path(name))
+        for name, record in self.records.items():
             places = (False, True) if self.inplace else (False,)  # inplace: editable install
             for inplace in places:
                 path = self._built(name, inplace)
