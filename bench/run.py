@@ -13,9 +13,10 @@ starts a cluster with the test harness's settings, then for each workload:
    contender, all at the same LSN (the first is created, the others are copies of it:
    ``pg_copy_logical_replication_slot``), so every contender consumes the same backlog;
 2. runs the workload once (server-side SQL and procedures, so the load generator costs
-   nothing on the client), records ``pg_current_wal_lsn()`` as the end LSN, and commits one
-   sentinel row after it (so the peer, which stops at the first message at or past the end,
-   has a message to stop at);
+   nothing on the client), records ``pg_current_wal_insert_lsn()`` as the end LSN (what
+   ``cdcd run --endpos`` without an LSN takes: every commit so far ends at or before it),
+   and commits one sentinel row after it (so the peer, which stops at the first message at
+   or past the end, has a message to stop at);
 3. times each contender draining its slot up to the end LSN, one after the other, as its own
    process (wall time from spawn to exit; CPU time and peak RSS from ``wait4``):
 
@@ -535,7 +536,7 @@ def prepare(
 
 def finish_load(db: PgDatabase) -> str:
     """The end LSN after the load, then a sentinel row past it (see the module docstring)."""
-    end = db.fetchval("SELECT pg_current_wal_lsn()::text")
+    end = db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
     db.execute("INSERT INTO bench_sentinel VALUES (1)")
     return str(end)
 

@@ -1,7 +1,7 @@
 """cdcd: change-data-capture daemon for PostgreSQL (pgoutput) into Kafka and files."""
 
-from cdcd._purepy import install_source_only_finder
+from cdcd._purepy import install_import_finder
 
 __version__ = "0.1.0"
 
-install_source_only_finder()
+install_import_finder()

@@ -1,21 +1,39 @@
-"""``CDCD_PURE_PYTHON=1``: import the mypyc-compilable modules from source (see cdcd.accel).
+"""Which form of the mypyc-compilable modules cdcd imports: compiled, or the ``.py`` source.
 
-Kept apart from :mod:`cdcd.accel` (which builds them) so that ``cdcd/__init__.py`` can install
-the finder with nothing but the standard library's import machinery.
+:data:`COMPILED_MODULES` is the one list of them: ``setup.py`` (the package build) compiles
+these and :mod:`cdcd.accel` reports on them. Beside each extension the build writes a record
+(``<extension>.build.json``) with the SHA-256 of the source it was compiled from. The import
+finder installed by ``cdcd/__init__.py`` (:func:`install_import_finder`) then decides, module by
+module:
+
+- ``CDCD_PURE_PYTHON=1``: the source, always;
+- an extension whose record matches the ``.py`` file beside it: the extension;
+- an extension whose source has changed since it was built (or that has no record): the source,
+  with a :class:`StaleExtensionWarning` — a compiled module never runs code other than its
+  source says;
+- no extension: the source.
+
+Each module is compiled on its own, so one module running from source leaves no compiled copy of
+it in use by the others. Kept apart from :mod:`cdcd.accel` and free of cdcd imports, so that
+``cdcd/__init__.py`` and ``setup.py`` can load it with nothing but the standard library.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Literal
 
-#: Modules written for mypyc (dotted names), compiled one by one.
+#: Modules written for mypyc (dotted names), compiled one by one. The only list of them.
 COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.decoder.tuples",
     "cdcd.decoder.events",
@@ -32,29 +50,109 @@ COMPILED_MODULES: tuple[str, ...] = (
 )
 
 PURE_ENV = "CDCD_PURE_PYTHON"
+#: Appended to an extension's file name to name its build record.
+RECORD_SUFFIX = ".build.json"
+
+
+class StaleExtensionWarning(RuntimeWarning):
+    """A compiled module was built from another source than the ``.py`` file beside it."""
 
 
 def pure_python_requested() -> bool:
     return os.environ.get(PURE_ENV, "") not in ("", "0", "false", "no")
 
 
-class _SourceOnly(importlib.abc.MetaPathFinder):
-    """Finds the ``.py`` source of the modules in COMPILED_MODULES, ignoring extensions."""
+def source_path(name: str) -> str:
+    """``cdcd.decoder.tuples`` -> ``cdcd/decoder/tuples.py`` (relative to the project root)."""
+    return "/".join(name.split(".")) + ".py"
+
+
+def source_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_record(name: str, source: Path) -> str:
+    """The record the build writes beside the extension compiled from ``source``."""
+    import json
+
+    return json.dumps({"module": name, "source_sha256": source_digest(source)}) + "\n"
+
+
+@dataclass(frozen=True)
+class Form:
+    """What the finder found for a module in one directory."""
+
+    kind: Literal["compiled", "stale", "pure"]
+    path: Path  # the extension for "compiled" and "stale", the source for "pure"
+    reason: str = ""
+
+
+def examine(name: str, directory: Path) -> Form | None:
+    """The form of module ``name`` in ``directory``; None when neither source nor extension is
+    there."""
+    import json
+
+    leaf = name.rpartition(".")[2]
+    source = directory / f"{leaf}.py"
+    extension = next(
+        (
+            directory / f"{leaf}{suffix}"
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES
+            if (directory / f"{leaf}{suffix}").is_file()
+        ),
+        None,
+    )
+    if extension is None:
+        return Form("pure", source, "no compiled extension") if source.is_file() else None
+    if not source.is_file():  # only the extension installed: nothing to compare with
+        return Form("compiled", extension)
+    record = extension.with_name(extension.name + RECORD_SUFFIX)
+    try:
+        built_from = json.loads(record.read_text())["source_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return Form("stale", extension, f"{extension.name} has no build record {record.name}")
+    if built_from != source_digest(source):
+        return Form("stale", extension, f"{source} changed since {extension.name} was built")
+    return Form("compiled", extension)
+
+
+#: The form each compiled-capable module was imported in, by the finder.
+IMPORTED: dict[str, Form] = {}
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Imports each module of COMPILED_MODULES in the form described in the module docstring."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in COMPILED_MODULES or path is None:
             return None
-        leaf = fullname.rpartition(".")[2]
         for entry in path:
-            source = Path(entry) / f"{leaf}.py"
-            if source.is_file():
-                return importlib.util.spec_from_file_location(fullname, source)
+            form = examine(fullname, Path(entry))
+            if form is None:
+                continue
+            if pure_python_requested() and form.kind != "pure":
+                source = Path(entry) / f"{fullname.rpartition('.')[2]}.py"
+                form = Form("pure", source, f"{PURE_ENV} is set")
+            IMPORTED[fullname] = form
+            if form.kind == "compiled":
+                loader = importlib.machinery.ExtensionFileLoader(fullname, str(form.path))
+                return importlib.util.spec_from_file_location(fullname, form.path, loader=loader)
+            if form.kind == "stale":
+                warnings.warn(
+                    f"cdcd: {form.reason}; importing {fullname} from its source instead (same "
+                    "behaviour, slower). Rebuild the compiled modules with `pip install` "
+                    "(`python -m cdcd.accel build` in a checkout).",
+                    StaleExtensionWarning,
+                    stacklevel=2,
+                )
+                form = Form("pure", Path(entry) / f"{fullname.rpartition('.')[2]}.py")
+            return importlib.util.spec_from_file_location(fullname, form.path)
         return None
 
 
-def install_source_only_finder() -> None:
-    """With CDCD_PURE_PYTHON set, import the compiled modules from their Python source."""
-    if pure_python_requested() and not any(isinstance(f, _SourceOnly) for f in sys.meta_path):
-        sys.meta_path.insert(0, _SourceOnly())
+def install_import_finder() -> None:
+    """Put the finder first on ``sys.meta_path`` (once); ``cdcd/__init__.py`` calls it."""
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())

