@@ -75,9 +75,9 @@ def run(
     from cdcd.assembler.assembler import Assembler
     from cdcd.decoder.events import Relation
     from cdcd.decoder.pgoutput import PgOutputDecoder
+    from cdcd.events.catalog import StaticCatalog
+    from cdcd.events.encoder import Encoder
     from cdcd.sinks.base import SinkContext
-    from cdcd.sinks.catalog import StaticCatalog
-    from cdcd.sinks.encoding import Encoder
     from cdcd.wire.session import Session, State
 
     if "plain_insert" in general:

@@ -46,7 +46,8 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.assembler.transaction",
     "cdcd.assembler.spill",
     "cdcd.assembler.assembler",
-    "cdcd.sinks.encoding",
+    "cdcd.events.change_event",
+    "cdcd.events.encoder",
 )
 
 PURE_ENV = "CDCD_PURE_PYTHON"

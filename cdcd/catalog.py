@@ -52,7 +52,7 @@ FIRST_NORMAL_OBJECT_ID = 16384
 
 
 class LiveCatalog:
-    """Implements :class:`cdcd.sinks.catalog.Catalog` from a live asyncpg connection."""
+    """Implements :class:`cdcd.events.catalog.Catalog` from a live asyncpg connection."""
 
     def __init__(self, conn: Any, types: TypeRegistry | None = None) -> None:
         self._conn = conn

@@ -1,7 +1,7 @@
 """The directories cdcd writes, and whether it can: checked by ``cdcd check`` and before ``run``.
 
-They are: each sink's ``path`` and ``*_dir`` settings (the file sink's output folder; a URL
-such as ``s3://...`` is no directory and is left to its sink),
+They are: the directories each sink says it writes into (``Sink.directories``: the file sink's
+output folder),
 ``buffer.spill_dir`` (large transactions spill there) and, unless ``snapshot.mode`` is
 ``never``, ``snapshot.state_dir``. A directory that exists must accept a new file (a real
 probe file is created and removed, so read-only mounts, ACLs and ownership all count); one that
@@ -31,11 +31,8 @@ def written_dirs(config: Config) -> list[WrittenDir]:
     """Every directory ``cdcd run`` with this config writes files into."""
     found = []
     for index, spec in enumerate(config.sinks):
-        for name, value in spec.config:
-            if not isinstance(value, str | Path) or not (name == "path" or name.endswith("_dir")):
-                continue
-            if value and "://" not in str(value):  # an object-store URL is not a directory
-                found.append(WrittenDir(f"sinks[{index}].{name}", Path(value)))
+        for name, path in spec.sink_class.directories(spec.config).items():
+            found.append(WrittenDir(f"sinks[{index}].{name}", path))
     found.append(WrittenDir("buffer.spill_dir", config.buffer.spill_dir))
     if config.snapshot.mode != "never":
         found.append(WrittenDir("snapshot.state_dir", config.snapshot.state_dir))

@@ -1,9 +1,7 @@
-"""The public event type sinks receive: :class:`ChangeEvent` (see ``docs/sinks.md``).
+"""Change events: the public type sinks receive (:class:`ChangeEvent`, ``docs/sinks.md``) and the
+encoder that makes them from committed transactions (:mod:`cdcd.events.encoder`)."""
 
-Its fields and methods are documented in ``docs/sinks.md`` and the README's "Change events"
-section; the event's JSON form is the contract consumers rely on.
-"""
+from cdcd.events.change_event import UNCHANGED_TOAST, ChangeEvent
+from cdcd.events.context import SinkContext
 
-from cdcd.sinks.encoding import UNCHANGED_TOAST, ChangeEvent
-
-__all__ = ["UNCHANGED_TOAST", "ChangeEvent"]
+__all__ = ["UNCHANGED_TOAST", "ChangeEvent", "SinkContext"]

@@ -26,6 +26,7 @@ from cdcd.benchlog import LatencyLog, write_stats
 from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
+from cdcd.events.encoder import Encoder
 from cdcd.pipeline.acker import Acker
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.reader import Reader
@@ -34,7 +35,6 @@ from cdcd.pipeline.snapshot import initial_snapshot
 from cdcd.pipeline.supervisor import Supervisor
 from cdcd.pipeline.writer import Writer
 from cdcd.sinks.base import Sink, SinkContext
-from cdcd.sinks.encoding import Encoder
 from cdcd.sinks.registry import load_sink_class
 from cdcd.source import Source
 from cdcd.stats import Stats

@@ -22,10 +22,10 @@ import structlog
 from cdcd.assembler.transaction import Transaction
 from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
+from cdcd.events.encoder import Encoder
 from cdcd.lsn import format_lsn, unix_to_pg_us
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import Writer, retrying
-from cdcd.sinks.encoding import Encoder
 from cdcd.snapshot import published_tables, read_rows
 from cdcd.source import open_sql
 from cdcd.stats import Stats

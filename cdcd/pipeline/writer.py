@@ -39,10 +39,10 @@ from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.benchlog import LatencyLog
 from cdcd.decoder import events as ev
 from cdcd.errors import TransientSinkError
+from cdcd.events.catalog import schema_name
+from cdcd.events.encoder import Encoder
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.sinks.base import Sink
-from cdcd.sinks.catalog import schema_name
-from cdcd.sinks.encoding import Encoder
 from cdcd.stats import SinkStats, Stats
 
 log = structlog.get_logger("cdcd.writer")

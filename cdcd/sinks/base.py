@@ -28,28 +28,19 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel
 
 from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.events.context import SinkContext
 from cdcd.lsn import Progress
 
 if TYPE_CHECKING:
     from cdcd.events import ChangeEvent
 
 __all__ = ["ChangeRecord", "Sink", "SinkContext", "Transaction"]
-
-
-@dataclass(frozen=True, slots=True)
-class SinkContext:
-    """What every sink may need to know about the pipeline it is part of."""
-
-    name: str  # the logical server name (config ``name``): topic prefix and ``source.name``
-    database: str  # ``source.db``
-    config_dir: Path  # relative paths in a sink's config are relative to this folder
 
 
 class Sink(abc.ABC):
@@ -97,6 +88,12 @@ class Sink(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Does not imply ``flush``: the pipeline flushes first when draining."""
+
+    @classmethod
+    def directories(cls, config: Any) -> dict[str, Path]:
+        """The local directories a sink with this ``config`` writes into, by config key:
+        ``cdcd check`` and ``cdcd run`` make sure they are writable first. None by default."""
+        return {}
 
     def durable_lsn(self) -> int:
         """End LSN of the newest transaction this sink holds durably (never decreases)."""

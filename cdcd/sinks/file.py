@@ -81,9 +81,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Relation
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
+from cdcd.events import ChangeEvent
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
-from cdcd.sinks.encoding import ChangeEvent
 from cdcd.units import ByteSize, ConfigPath, Duration
 
 Position = tuple[int, int]
@@ -500,6 +500,10 @@ class FileSink(Sink):
     Config = FileSinkConfig
     #: publishes in the background (see ``_schedule_flush``): the pipeline need not call flush
     flushes_itself = True
+
+    @classmethod
+    def directories(cls, config: FileSinkConfig) -> dict[str, Path]:
+        return {"path": Path(config.path)}
 
     def __init__(
         self,

@@ -91,7 +91,7 @@ from cdcd.units import ByteSize, Duration
 
 if TYPE_CHECKING:
     from cdcd.assembler.transaction import Transaction
-    from cdcd.sinks.encoding import ChangeEvent
+    from cdcd.events import ChangeEvent
 
 log = structlog.get_logger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from cdcd.assembler.transaction import Transaction
+from cdcd.events import ChangeEvent
 from cdcd.sinks.base import Sink, SinkContext
-from cdcd.sinks.encoding import ChangeEvent
 
 
 class MemorySinkConfig(BaseModel):

@@ -70,7 +70,7 @@ from cdcd.sinks.parquet_columns import ColumnBuilder, as_text, has_none, lost
 from cdcd.values.types import TypeInfo, TypeRegistry
 
 if TYPE_CHECKING:
-    from cdcd.sinks.encoding import ChangeEvent
+    from cdcd.events import ChangeEvent
 
 ROW_GROUP_ROWS = 65_536
 #: events kept before a column-wise conversion (bounds the Python objects a writer holds)

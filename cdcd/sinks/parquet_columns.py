@@ -34,7 +34,7 @@ Unchanged TOAST columns are filled from the TOAST fill image exactly as
 ``ChangeEvent._fill_unchanged`` does, on the raw values (a converter is a pure function of the
 kind and the bytes); the rest are null and listed in ``source.unchanged_toast``.
 
-This module reads the raw parts of :class:`cdcd.sinks.encoding.ChangeEvent` (its tuples, its
+This module reads the raw parts of :class:`cdcd.events.ChangeEvent` (its tuples, its
 transaction and table info): see :func:`_raw_parts`, the one place that does.
 """
 
@@ -53,7 +53,7 @@ from cdcd.decoder.events import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGE
 from cdcd.values.types import UNCHANGED_TOAST, TypeRegistry
 
 if TYPE_CHECKING:
-    from cdcd.sinks.encoding import ChangeEvent
+    from cdcd.events import ChangeEvent
     from cdcd.sinks.parquet import RowLayout
 
 Converter = Callable[[bytes], Any]

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.kafka
 
 @dataclass
 class Event:
-    """Stands in for cdcd.sinks.encoding.ChangeEvent: the attributes and methods the sink uses."""
+    """Stands in for cdcd.events.ChangeEvent: the attributes and methods the sink uses."""
 
     op: str
     schema: str | None
@@ -419,7 +419,7 @@ def test_config_rejects_unknown_keys_and_parses_durations() -> None:
 
 
 async def test_encoder_events_round_trip(kafka_broker: KafkaBroker) -> None:
-    """Real ChangeEvents from cdcd.sinks.encoding: the record bytes are the encoder's."""
+    """Real ChangeEvents from cdcd.events.encoder: the record bytes are the encoder's."""
     from tests.unit.sink_fixtures import CONTEXT, encoder, relation, tup
     from tests.unit.sink_fixtures import TxnBuilder as PgTxn
 

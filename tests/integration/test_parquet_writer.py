@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Column, Relation
-from cdcd.sinks.encoding import Encoder
+from cdcd.events.encoder import Encoder
 from cdcd.sinks.file import FileSink, FileSinkConfig, data_file_name
 from tests.unit.sink_fixtures import CONTEXT, TxnBuilder, encoder, tup
 

@@ -22,9 +22,9 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
+from cdcd.events.catalog import StaticCatalog
+from cdcd.events.encoder import Encoder
 from cdcd.sinks.base import SinkContext
-from cdcd.sinks.catalog import StaticCatalog
-from cdcd.sinks.encoding import Encoder
 
 INT4 = 23
 INT8 = 20

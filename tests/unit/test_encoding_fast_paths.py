@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdcd.sinks.encoding import ChangeEvent
+from cdcd.events import ChangeEvent
 from tests.unit.sink_fixtures import TxnBuilder, U, encoder, relation, tup
 
 ORDERS = relation()

@@ -14,7 +14,7 @@ import pytest
 
 from cdcd.assembler.transaction import Transaction
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
-from cdcd.sinks.encoding import Encoder
+from cdcd.events.encoder import Encoder
 from cdcd.sinks.file import (
     FileSink,
     FileSinkConfig,

@@ -27,8 +27,9 @@ from cdcd.decoder.events import (
     Relation,
     TupleData,
 )
+from cdcd.events import ChangeEvent
+from cdcd.events.encoder import Encoder
 from cdcd.sinks import parquet
-from cdcd.sinks.encoding import ChangeEvent, Encoder
 from cdcd.sinks.file import FileSink, FileSinkConfig
 from cdcd.sinks.parquet import RowLayout
 from cdcd.sinks.parquet_columns import ColumnBuilder

@@ -1,113 +1,37 @@
-"""From committed transactions to change events: the one place that assigns ``seq``.
+"""The change event every sink receives: :class:`ChangeEvent` (its API: ``docs/sinks.md``).
 
-CONTRACT.md §3. Every sink receives the same :class:`ChangeEvent` objects, so positions
-``(commit_lsn, seq)`` are identical in every sink. Values are converted lazily, once per event
-and per representation (JSON-ready for JSON Lines and Kafka, native for Parquet), with
-per-relation precomputed converters from :mod:`cdcd.values.types`.
-
-``ChangeEvent`` attributes:
-    op: str                 "c" "u" "d" "r" "t" "m"
-    schema: str | None      None for logical messages
-    table: str | None
-    relation: Relation | None
-    lsn: int                the change's own WAL position
-    commit_lsn: int
-    seq: int                0-based index within the transaction (after key-change splits)
-    xid: int | None
-    commit_time: int        PostgreSQL-epoch microseconds
-    ts_ms: int              processing time (Unix ms), taken when the event was made
-    position -> (commit_lsn, seq)
-methods:
-    key() -> dict | None          replica-identity (primary key) columns, JSON-ready
-    value() -> dict               the whole Debezium-compatible value of CONTRACT §3
-    key_json() -> bytes | None    orjson of key()
-    value_json() -> bytes         orjson of value()
-    record_json() -> bytes        value plus top-level "key": one JSON Lines line (no newline)
-    native_row(which) -> dict | None   "before"/"after" with native Python values (Parquet)
-    source() -> dict              the value's ``source`` block
-    transaction() -> dict | None  the value's ``transaction`` block (None: non-transactional)
-    schema_info() -> dict | None  the table's columns and key, as in Encoder.schema_info
-    unchanged_toast() -> list[str]  columns whose value PostgreSQL did not send
-    key_link(native=False) -> (field, key) | None   ("new_key", ...) on the delete and
-                                  ("old_key", ...) on the create of a key change, else None
-    key_names -> tuple[str, ...] | None, catalog -> Catalog
-
-``Encoder(context: SinkContext, catalog: Catalog, clock=time.time)``:
-    events(txn: Transaction) -> Iterator[ChangeEvent]
-    batches(txn, max_events=1000) -> Iterator[list[ChangeEvent]]
-    snapshot_events(relation, rows, *, commit_lsn, commit_time, first_seq=0, xid=None,
-                    last=False) -> Iterator[ChangeEvent]          (op "r")
-    schema_info(relation) -> dict                                 (the file sink's _schema files)
-
-Rules the encoder implements (CONTRACT §3):
-
-- ``seq`` counts the events of a transaction from 0, after splitting. ``transaction.total_order``
-  is ``seq + 1``; ``data_collection_order`` counts 1.. per table (logical messages count as one
-  collection of their own).
-- An Update whose key values differ between the old image (``K`` or ``O``) and the new row is
-  a delete of the old key followed by a create of the new key. Key columns whose old value is
-  unknown (``n`` in a ``K`` image: not part of the replica identity) or unchanged TOAST are
-  not compared. The pair is linked: the delete's ``source.new_key`` is the create's ``key``,
-  the create's ``source.old_key`` the delete's ``key`` (:meth:`ChangeEvent.key_link`); other
-  events have neither field. A consumer fills the create's unchanged-TOAST columns from the
-  row it held under ``old_key`` (PostgreSQL's own subscriber keeps the old values too).
-- ``before`` is the old image when the server sent one: ``O`` the whole row, ``K`` the key
-  columns with the other columns null (Debezium's shape); otherwise null.
-- Unchanged TOAST (``u``) columns of the new row are filled from an ``O`` image when it carries
-  them; otherwise they are ``"__debezium_unavailable_value"`` (None in native rows) and listed
-  in ``source.unchanged_toast``.
-- ``key()``: the catalog's key columns taken from the new row (the old row for deletes), null
-  when the table has none. Truncates have no key; logical messages have ``{"prefix": ...}``
-  (Debezium's message key).
-- A Truncate of several tables is one op ``t`` event per table, consecutive, each with
-  ``source.truncate = {"cascade", "restart_identity"}``.
-- Logical messages are op ``m`` with ``message = {"prefix", "content": base64}`` and
-  ``source.transactional``. A non-transactional one (a Transaction of kind ``"message"``) has
-  position ``(its LSN - 1, 0)`` (the assembler's commit LSN for it: inside the message's own
-  WAL record, where no transaction can commit), ``source.lsn`` the LSN as sent,
-  ``source.txId`` null and ``transaction`` null.
-- ``source.sequence`` is the JSON string ``["<previous lsn>","<lsn>"]`` like Debezium's, where
-  the previous LSN is that of the previous event of the same transaction, and null for the
-  first event (as Debezium writes when it knows no earlier position). It is a pure function of
-  the transaction, so a resent transaction gets identical values.
-- ``source.ts_ms``/``ts_us`` are the commit time; the top-level ``ts_ms`` is processing time.
+Every sink receives the same event objects, so positions ``(commit_lsn, seq)`` are identical in
+every sink. Values are converted lazily, once per event and per representation (JSON-ready for
+JSON Lines and Kafka, native for Parquet), with per-relation precomputed converters from
+:mod:`cdcd.values.types`. The JSON form is the README's "Change events" section; the rules
+that make events out of changes are :mod:`cdcd.events.encoder`'s.
 """
 
 from __future__ import annotations
 
 import base64
-import time
-from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, cast
 
 import orjson
 
 from cdcd import __version__
-from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.decoder.events import (
-    KIND_NULL,
     KIND_UNCHANGED_TOAST,
-    Delete,
-    Insert,
     Message,
     Relation,
-    Truncate,
     TupleData,
-    Update,
 )
+from cdcd.events.catalog import Catalog, schema_name
+from cdcd.events.context import SinkContext
 from cdcd.lsn import pg_to_unix_us
-from cdcd.sinks.base import SinkContext
-from cdcd.sinks.catalog import Catalog, schema_name
 from cdcd.values.types import UNCHANGED_TOAST, RowDecoder
 
-__all__ = ["UNCHANGED_TOAST", "ChangeEvent", "Encoder"]
+__all__ = ["UNCHANGED_TOAST", "ChangeEvent", "Row"]
 
 Row = dict[str, Any]
 
-_RELATION_CACHE_LIMIT = 4096
 
-
-class _RelInfo:
+class RelInfo:
     """Per-relation precomputation: names, key columns and lazily built row decoders."""
 
     __slots__ = (
@@ -189,11 +113,7 @@ class _RelInfo:
         return self._schema_info
 
 
-#: what one change becomes, per event: (op, table, before, after, TOAST fill image, extra)
-_Parts = tuple[str, _RelInfo | None, TupleData | None, TupleData | None, TupleData | None, Any]
-
-
-class _TxnInfo:
+class TxnInfo:
     """What the events of one transaction share, and the source blocks built from it."""
 
     __slots__ = (
@@ -233,7 +153,7 @@ class _TxnInfo:
         self._heads: dict[tuple[int, str], bytes] = {}
         self.origin_json = b',"origin":' + orjson.dumps(origin) if origin is not None else b""
 
-    def source_base(self, rel: _RelInfo | None, snapshot: str) -> Row:
+    def source_base(self, rel: RelInfo | None, snapshot: str) -> Row:
         """The source fields shared by this transaction's events on one table (cached)."""
         cache_key = (id(rel), snapshot)
         base = self._sources.get(cache_key)
@@ -260,14 +180,14 @@ class _TxnInfo:
             self._sources[cache_key] = base
         return base
 
-    def source_head(self, rel: _RelInfo | None, snapshot: str) -> bytes:
+    def source_head(self, rel: RelInfo | None, snapshot: str) -> bytes:
         """The JSON of the source fields before ``lsn`` (``{"version":...,"txId":...,``),
         serialised once per table: the per-event fields are formatted onto it."""
         cache_key = (id(rel), snapshot)
         head = self._heads.get(cache_key)
         if head is None:
             # The fields up to "table" are the same for every transaction: serialised once per
-            # table (see _RelInfo.source_prefix); the rest is formatted here.
+            # table (see RelInfo.source_prefix); the rest is formatted here.
             prefix = rel.source_prefix(self.context) if rel is not None else None
             if prefix is None:
                 base = self.source_base(rel, snapshot)
@@ -289,7 +209,7 @@ class _TxnInfo:
 _UNSET: Any = object()
 
 
-class _KeyLink:
+class KeyLink:
     """What the delete and the create of a key change share (their ``extra``): the old image
     (the delete's ``before``), the new row and its TOAST fill image (the create's ``after``)."""
 
@@ -301,7 +221,7 @@ class _KeyLink:
         self.fill = fill
 
 
-def _image_key(rel: _RelInfo, native: bool, tup: TupleData, fill: TupleData | None) -> Row:
+def _image_key(rel: RelInfo, native: bool, tup: TupleData, fill: TupleData | None) -> Row:
     """The key columns of ``tup`` as :meth:`ChangeEvent.key` gives them for an event whose row
     it is: unchanged TOAST key columns filled from ``fill`` where it has them."""
     dec = rel.decoder(native)
@@ -355,8 +275,8 @@ class ChangeEvent:
     def __init__(
         self,
         op: str,
-        rel: _RelInfo | None,
-        txn: _TxnInfo,
+        rel: RelInfo | None,
+        txn: TxnInfo,
         lsn: int,
         seq: int,
         dco: int,
@@ -388,7 +308,7 @@ class ChangeEvent:
         self._before_tup = before
         self._after_tup = after
         self._fill_tup = fill
-        self._extra = extra  # Truncate flags, the Message, or the _KeyLink of a key change
+        self._extra = extra  # Truncate flags, the Message, or the KeyLink of a key change
         self._snapshot = snapshot
         self._json_rows: tuple[Row | None, Row | None, list[str]] | None = None
         self._native_rows: tuple[Row | None, Row | None, list[str]] | None = None
@@ -495,7 +415,7 @@ class ChangeEvent:
         on the create (JSON-ready, or native values for Parquet). None for any other event."""
         link = self._extra
         rel = self._rel
-        if not isinstance(link, _KeyLink) or rel is None:
+        if not isinstance(link, KeyLink) or rel is None:
             return None
         if self.op == "d":
             return ("new_key", _image_key(rel, native, link.new, link.fill))
@@ -635,170 +555,3 @@ class ChangeEvent:
             )
         self._json_body = body
         return body
-
-
-def _key_changed(key_idx: tuple[int, ...], old: TupleData, new: TupleData) -> bool:
-    """Do the key values of the old image differ from the new row's? Columns whose old value
-    is unknown (null in a K image) or unchanged TOAST on either side are not compared."""
-    ok, ov, nk, nv = old.kinds, old.values, new.kinds, new.values
-    for i in key_idx:
-        if i >= len(ok) or i >= len(nk):
-            continue
-        if ok[i] in (KIND_NULL, KIND_UNCHANGED_TOAST) or nk[i] == KIND_UNCHANGED_TOAST:
-            continue
-        if ok[i] != nk[i] or ov[i] != nv[i]:
-            return True
-    return False
-
-
-class Encoder:
-    """Turns transactions into change events for every sink (see the module docstring)."""
-
-    def __init__(
-        self,
-        context: SinkContext,
-        catalog: Catalog,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.context = context
-        self.catalog = catalog
-        self._clock = clock
-        self._rels: dict[int, _RelInfo] = {}
-
-    def _rel(self, relation: Relation) -> _RelInfo:
-        info = self._rels.get(id(relation))
-        if info is None or info.relation is not relation:
-            if len(self._rels) >= _RELATION_CACHE_LIMIT:
-                self._rels.clear()
-            info = _RelInfo(relation, self.catalog)
-            self._rels[id(relation)] = info
-        return info
-
-    def schema_info(self, relation: Relation) -> dict[str, Any]:
-        """The table's columns (name, type name, type oid, typmod, key flag) and key."""
-        return self._rel(relation).schema_info()
-
-    def events(self, txn: Transaction) -> Iterator[ChangeEvent]:
-        """The events of ``txn`` in ``seq`` order."""
-        transactional = txn.kind != "message"
-        info = _TxnInfo(
-            self.context,
-            txn.xid if transactional else None,
-            txn.commit_lsn,
-            txn.commit_time,
-            txn.origin,
-            transactional,
-        )
-        clock = self._clock
-        collections: dict[int | None, int] = {}
-        seq = 0
-        prev_lsn: int | None = None
-
-        for record in txn.changes():
-            lsn = record.lsn
-            ts_ms = int(clock() * 1000)
-            change = record.change
-            if type(change) is Insert:  # the common case, without _split's tuples
-                table = self._rel(record.relations[0])
-                table_oid: int | None = table.relation.oid
-                dco = collections.get(table_oid, 0) + 1
-                collections[table_oid] = dco
-                yield ChangeEvent(
-                    "c", table, info, lsn, seq, dco, prev_lsn, ts_ms, None, change.new
-                )
-                seq += 1
-                prev_lsn = lsn
-                continue
-            for op, rel, before, after, fill, extra in self._split(record, txn):
-                # data_collection_order: per table (by OID); logical messages count under None
-                oid = rel.relation.oid if rel is not None else None
-                dco = collections.get(oid, 0) + 1
-                collections[oid] = dco
-                yield ChangeEvent(
-                    op, rel, info, lsn, seq, dco, prev_lsn, ts_ms, before, after, fill, extra
-                )
-                seq += 1
-                prev_lsn = lsn
-
-    def _split(self, record: ChangeRecord, txn: Transaction) -> tuple[_Parts, ...]:
-        """The events one change becomes: (op, table, before, after, TOAST fill, extra)."""
-        change = record.change
-        if isinstance(change, Insert):
-            return (("c", self._rel(record.relations[0]), None, change.new, None, None),)
-        if isinstance(change, Update):
-            rel = self._rel(record.relations[0])
-            old = change.old
-            fill = old if change.old_kind == "O" else None
-            if old is not None and rel.key_idx and _key_changed(rel.key_idx, old, change.new):
-                link = _KeyLink(old, change.new, fill)
-                return (
-                    ("d", rel, old, None, None, link),
-                    ("c", rel, None, change.new, fill, link),
-                )
-            return (("u", rel, old, change.new, fill, None),)
-        if isinstance(change, Delete):
-            return (("d", self._rel(record.relations[0]), change.old, None, None, None),)
-        if isinstance(change, Truncate):
-            flags = (change.cascade, change.restart_identity)
-            return tuple(("t", self._rel(r), None, None, None, flags) for r in record.relations)
-        if isinstance(change, Message):
-            return (("m", None, None, None, None, change),)
-        raise TypeError(  # pragma: no cover - Change is a closed union
-            f"unexpected change {change!r} in transaction {txn.xid}"
-        )
-
-    def batches(self, txn: Transaction, max_events: int = 1000) -> Iterator[list[ChangeEvent]]:
-        """The events of ``txn`` in lists of at most ``max_events`` (never empty)."""
-        batch: list[ChangeEvent] = []
-        append = batch.append
-        for event in self.events(txn):
-            append(event)
-            if len(batch) >= max_events:
-                yield batch
-                batch = []
-                append = batch.append
-        if batch:
-            yield batch
-
-    def snapshot_events(
-        self,
-        relation: Relation,
-        rows: Iterable[TupleData],
-        *,
-        commit_lsn: int,
-        commit_time: int,
-        first_seq: int = 0,
-        xid: int | None = None,
-        last: bool = False,
-    ) -> Iterator[ChangeEvent]:
-        """Op ``r`` events for rows read by an initial snapshot.
-
-        The snapshot feature chooses the position: ``commit_lsn`` = the slot's consistent
-        point - 1 (a transaction can commit at the point itself, see :mod:`cdcd.snapshot`) and
-        ``seq`` counting every row of the snapshot from ``first_seq``.
-        Events have ``source.snapshot = "true"``; with ``last=True`` the final row is marked
-        ``"last"``. They have no ``transaction`` block; ``lsn`` equals ``commit_lsn``.
-        """
-        info = _TxnInfo(self.context, xid, commit_lsn, commit_time, None, False)
-        rel = self._rel(relation)
-        pending: ChangeEvent | None = None
-        for index, row in enumerate(rows):
-            if pending is not None:
-                yield pending
-            seq = first_seq + index
-            pending = ChangeEvent(
-                "r",
-                rel,
-                info,
-                commit_lsn,
-                seq,
-                index + 1,
-                commit_lsn if index else None,
-                int(self._clock() * 1000),
-                after=row,
-                snapshot="true",
-            )
-        if pending is not None:
-            if last:
-                pending._snapshot = "last"
-            yield pending
