@@ -1,6 +1,6 @@
 """What the pgoutput stream does not say, read from the source's catalog over asyncpg.
 
-The Kafka key and the file sink's ``key`` are the table's primary-key columns (PITFALLS:
+The Kafka key and the file sink's ``key`` are the table's primary-key columns (docs/protocol.md:
 Relation flags mark replica-identity columns, and under REPLICA IDENTITY FULL every column is
 flagged, so they cannot serve as the key). Non-built-in types need their kind, base type and
 element type to be decoded in binary mode. Both are fetched when a Relation message arrives —

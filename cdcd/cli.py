@@ -4,7 +4,7 @@ The work itself lives in :mod:`cdcd.commands` (``run``, ``check``, ``slot``) and
 :mod:`cdcd.quickstart`; they are imported only when their command runs. Nothing imports this
 module.
 
-Exit codes (CONTRACT §1): 0 done; 2 bad usage or invalid config; 3 a definite source problem
+Exit codes (README "Running against your database"): 0 done; 2 bad usage or invalid config; 3 a definite source problem
 (:class:`~cdcd.errors.DefiniteSourceError`); 130 interrupted before a handler took over;
 1 anything else. A :class:`~cdcd.errors.CdcdError` that escapes is logged as one line (with its
 traceback only at ``log.level: debug``) and its ``exit_code`` returned.

@@ -8,7 +8,7 @@ stays open (and idle), an ordinary connection reads every published table inside
 ``REPEATABLE READ`` with ``SET TRANSACTION SNAPSHOT`` — exactly the database state at the slot's
 consistent point, so streaming from the slot continues with no gap and no overlap
 (PostgreSQL docs, "Exported Snapshots" and CREATE_REPLICATION_SLOT). An exported snapshot cannot
-be resumed after a restart (PITFALLS): a state file records that a snapshot is running; if cdcd
+be resumed after a restart (docs/protocol.md): a state file records that a snapshot is running; if cdcd
 finds it unfinished at start, it drops the slot and snapshots again (events of the interrupted
 attempt may then appear twice in the sinks, with different positions: consumers keep the last
 ``r`` event per key, as with Debezium's restarted snapshots).
@@ -18,7 +18,7 @@ consistent point - 1, ``seq`` counting across tables, which sorts them before ev
 change. Not the point itself: it is the end of the running-xacts record at which the snapshot
 became consistent, and a transaction still running there (not in the snapshot, decoded in full)
 can commit with its commit record right after that one, i.e. at the point; one byte earlier
-lies inside that record, where nothing commits (CONTRACT §3: positions are unique).
+lies inside that record, where nothing commits (README "Change events": positions are unique).
 Values are read as text with the same session settings as the replication connection and go
 through the same text converters as streamed changes.
 """

@@ -2,12 +2,12 @@
 
 A :class:`Transaction` is released only once PostgreSQL has committed it (Commit, Stream
 Commit or Commit Prepared). Its position is ``commit_lsn``; the LSN to acknowledge once every
-sink holds it durably is ``end_lsn`` (see PITFALLS: acknowledge the end LSN, never the commit
+sink holds it durably is ``end_lsn`` (see docs/protocol.md: acknowledge the end LSN, never the commit
 LSN). A non-transactional logical decoding message is released on its own as a
 ``Transaction`` of kind ``"message"`` whose ``end_lsn`` is the message's LSN and whose
 ``commit_lsn`` is one less: pgoutput's Message LSN is the end of the message's WAL record, which
 may be the commit LSN of the next transaction, while one byte before lies inside the message's
-own record, where nothing commits (CONTRACT §3: positions are unique).
+own record, where nothing commits (README "Change events": positions are unique).
 
 Each :class:`ChangeRecord` keeps the Relation (or Relations, for Truncate) as they were
 described when the change was decoded, so DDL in the middle of a transaction changes only the

@@ -1,7 +1,7 @@
 """The pgoutput messages, as small frozen events: what the decoder hands to the assembler.
 
 One class per message of "Logical Replication Message Formats" (PostgreSQL docs, protocol
-section 55.9 / 54.9 — ``shared/reference/logical-replication-message-formats.txt``).
+section 55.9 / 54.9).
 LSNs are ``int``; timestamps are ``int`` microseconds since the PostgreSQL epoch
 (2000-01-01 UTC), converted only at the edges (``cdcd.lsn``).
 

@@ -1,8 +1,7 @@
 """pgoutput bytes to events, sans-I/O: one XLogData payload in, one event out.
 
 Implements PostgreSQL docs "Logical Replication Message Formats" (protocol section 55.9 /
-54.9, ``shared/reference/logical-replication-message-formats.txt``) for protocol versions
-1 to 4. The walsender sends exactly one pgoutput message per XLogData (``w``) CopyData, so
+54.9) for protocol versions 1 to 4. The walsender sends exactly one pgoutput message per XLogData (``w``) CopyData, so
 :meth:`PgOutputDecoder.decode` takes a whole message and returns one event of
 :mod:`cdcd.decoder.events`.
 

@@ -1,8 +1,8 @@
 """What encoding needs to know about tables beyond what the replication stream says.
 
 The stream names columns and marks replica-identity columns (``Column.flags & 1``), but under
-REPLICA IDENTITY FULL *every* column is flagged (PITFALLS, "Tuples and types"), so the event
-key (CONTRACT §3: primary key, else replica-identity index columns, else none) must come from
+REPLICA IDENTITY FULL *every* column is flagged (docs/protocol.md, "Tuples and types"), so the event
+key (README "Change events": primary key, else replica-identity index columns, else none) must come from
 the catalog. A :class:`Catalog` answers that question, and carries the
 :class:`~cdcd.values.types.TypeRegistry` that names types and builds value converters.
 

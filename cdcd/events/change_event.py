@@ -241,7 +241,7 @@ def _image_key(rel: RelInfo, native: bool, tup: TupleData, fill: TupleData | Non
 
 
 class ChangeEvent:
-    """One change event (CONTRACT §3). Cheap to make; values are built on first request and
+    """One change event (README "Change events"). Cheap to make; values are built on first request and
     cached, so every sink sees the same bytes."""
 
     __slots__ = (

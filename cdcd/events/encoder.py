@@ -1,6 +1,6 @@
 """From committed transactions to change events: the one place that assigns ``seq``.
 
-CONTRACT.md §3. Every sink receives the same :class:`ChangeEvent` objects, so positions
+README "Change events". Every sink receives the same :class:`ChangeEvent` objects, so positions
 ``(commit_lsn, seq)`` are identical in every sink. Values are converted lazily, once per event
 and per representation (JSON-ready for JSON Lines and Kafka, native for Parquet), with
 per-relation precomputed converters from :mod:`cdcd.values.types`.
@@ -19,7 +19,7 @@ per-relation precomputed converters from :mod:`cdcd.values.types`.
     position -> (commit_lsn, seq)
 methods:
     key() -> dict | None          replica-identity (primary key) columns, JSON-ready
-    value() -> dict               the whole Debezium-compatible value of CONTRACT §3
+    value() -> dict               the whole Debezium-compatible value of README "Change events"
     key_json() -> bytes | None    orjson of key()
     value_json() -> bytes         orjson of value()
     record_json() -> bytes        value plus top-level "key": one JSON Lines line (no newline)
@@ -39,7 +39,7 @@ methods:
                     last=False) -> Iterator[ChangeEvent]          (op "r")
     schema_info(relation) -> dict                                 (the file sink's _schema files)
 
-Rules the encoder implements (CONTRACT §3):
+Rules the encoder implements (README "Change events"):
 
 - ``seq`` counts the events of a transaction from 0, after splitting. ``transaction.total_order``
   is ``seq + 1``; ``data_collection_order`` counts 1.. per table (logical messages count as one

@@ -1,4 +1,4 @@
-"""The file sink: one folder per table that Spark reads directly (CONTRACT §4).
+"""The file sink: one folder per table that Spark reads directly (README "File sink").
 
 Layout under ``path``::
 
@@ -100,7 +100,7 @@ _MARKED_KINDS = frozenset({"regular", "streamed", "prepared"})
 
 
 class FileSinkConfig(BaseModel):
-    """``sinks: - type: file`` (CONTRACT §2, §4)."""
+    """``sinks: - type: file`` (README "Configuration", "File sink")."""
 
     model_config = ConfigDict(extra="forbid")
 

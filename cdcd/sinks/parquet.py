@@ -5,7 +5,7 @@ to a new file when a table's columns change, ``roll_on_schema_change``; Spark re
 with ``mergeSchema``). Names, atomic publication, rollover and recovery are the file sink's
 (:mod:`cdcd.sinks.file`); this module only turns events into rows.
 
-Row schema (the JSON event's fields, CONTRACT §3)::
+Row schema (the JSON event's fields, README "Change events")::
 
     op           string
     before       struct<columns>          null when the server sent no old row
@@ -38,7 +38,7 @@ every value coalesces the two; a reader that does not care sees a null. Unchange
 values are null, as in the native rows, and listed in ``source.unchanged_toast``.
 
 ``source.old_key`` / ``source.new_key`` have the type of ``key`` and are null except on the two
-events of a key change (the delete carries ``new_key``, the create ``old_key``, CONTRACT §3); a
+events of a key change (the delete carries ``new_key``, the create ``old_key``, README "Change events"); a
 table without key columns has neither field (its updates never change a key).
 
 The Arrow schema's metadata ``cdcd.schema`` carries the table's columns (the ``_schema`` file

@@ -9,7 +9,7 @@ API (others build on exactly this)::
                     numeric_precision_scale(typmod), binary_exact(oid)
     RowDecoder(relation, registry, "json" | "native"): names, decode(tup), unchanged(tup)
 
-Values follow CONTRACT.md §3. The decisions the contract leaves open:
+Values follow README "Change events". The decisions the contract leaves open:
 
 - Fractions of seconds are rendered as PostgreSQL prints them: trailing zeros trimmed, no
   fraction when zero (``12:00:00.5``, ``2024-01-01T00:00:00Z``).

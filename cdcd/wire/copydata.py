@@ -9,7 +9,7 @@ CopyData (``d``) payload from the server starts with a sub-tag:
 - ``k`` Primary keepalive: ``Int64 wal_end, Int64 send_time, Byte1 reply_requested``.
 
 The client answers with the Standby status update ``r``: ``Int64 write, Int64 flush,
-Int64 apply, Int64 client_time, Byte1 reply_requested`` (see PITFALLS: report the end LSN of
+Int64 apply, Int64 client_time, Byte1 reply_requested`` (see docs/protocol.md: report the end LSN of
 what is durable, never more). Times are microseconds since 2000-01-01 (``cdcd.lsn``).
 
 Invariants: any other sub-tag, a short header, or a keepalive of the wrong length is a

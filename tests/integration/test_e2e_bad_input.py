@@ -1,4 +1,4 @@
-"""End to end: what the real CLI does with bad input and a broken source (CONTRACT §1 exit codes).
+"""End to end: what the real CLI does with bad input and a broken source (README "Running against your database": exit codes).
 
 * 2: an invalid configuration; the message names the key and the problem.
 * 3: a definite source problem: ``wal_level`` not logical, a missing slot, a slot invalidated

@@ -9,7 +9,7 @@ Lines events, which :mod:`tests.integration.test_e2e_files` proves against the s
 
 * Parquet: the same events in the same order (positions, op, source, transaction, key,
   before/after values once native types are written in their JSON form);
-* Kafka (CONTRACT §5): per table topic, the values are the JSON Lines events minus ``key``, in
+* Kafka (README "Kafka sink"): per table topic, the values are the JSON Lines events minus ``key``, in
   the same order, the record key is the event's ``key``; a tombstone with the same key and
   headers follows each delete with a key; headers carry the position, xid and op; logical
   messages go to ``<name>.message``; no other topic;
@@ -107,7 +107,7 @@ def confirmed_flush(db: PgDatabase) -> int:
 
 
 def source_state(db: PgDatabase, table: str, columns: str = "*") -> list[dict[str, Any]]:
-    """The source rows with values in their CONTRACT §3 JSON form (psycopg2's native values
+    """The source rows with values in their README "Change events" JSON form (psycopg2's native values
     through :func:`native_to_json`; json/jsonb columns selected as text by ``columns``)."""
     with db.connect() as conn, conn.cursor() as cur:
         cur.execute(f"SELECT {columns} FROM {table}")
@@ -140,7 +140,7 @@ def check_topic(records: list[KafkaRecord], expected: list[dict[str, Any]]) -> N
         if src.get("txId") is not None:
             headers["cdcd.xid"] = str(src["txId"])
         for link, header in (("new_key", "__debezium.newkey"), ("old_key", "__debezium.oldkey")):
-            if link in src:  # a key change's pair (CONTRACT §3): the other key as JSON
+            if link in src:  # a key change's pair (README "Change events"): the other key as JSON
                 headers[header] = orjson.dumps(src[link]).decode()
         assert record.headers == headers, record
     for i, record in enumerate(records):
@@ -348,7 +348,7 @@ async def test_per_key_order_across_three_partitions(
 
 async def test_unreachable_bootstrap_gives_up(pg_db: PgDatabase, tmp_path: Path) -> None:
     """No broker at the bootstrap address: cdcd retries for ``give_up_after``, then exits 1
-    (CONTRACT §1: anything but config and source problems) saying what it could not reach."""
+    (README "Running against your database": anything but config and source problems) saying what it could not reach."""
     pg_db.execute("CREATE TABLE t (id int PRIMARY KEY)")
     bootstrap = f"127.0.0.1:{free_port()}"
     sink = {

@@ -3,7 +3,7 @@ stay before the PREPARE of every prepared transaction the sinks do not hold dura
 
 PostgreSQL decides whether to send a prepared transaction's changes again by the position of its
 PREPARE: once the slot's confirmed position is past it, a new session sends only Commit Prepared,
-for a GID the new process never held, and the transaction is gone (PITFALLS, "Two-phase"). The
+for a GID the new process never held, and the transaction is gone (docs/protocol.md, "Two-phase"). The
 SIGKILL loop with Kafka and files (``test_crash_kafka.py``) lost prepared transactions that way.
 Each test here reproduces one way the confirmed position could pass a PREPARE, deterministically:
 

@@ -1,5 +1,5 @@
 """The JSON Lines file sink: layout, atomic publication, rollover, exactly-once recovery
-(CONTRACT §4). Transactions are built directly from pgoutput events."""
+(README "File sink"). Transactions are built directly from pgoutput events."""
 
 from __future__ import annotations
 

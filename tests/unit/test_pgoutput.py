@@ -1,5 +1,5 @@
 """The pgoutput decoder against hand-built bytes, one builder per message of
-"Logical Replication Message Formats" (shared/reference/logical-replication-message-formats.txt).
+"Logical Replication Message Formats" (PostgreSQL docs).
 """
 
 from __future__ import annotations
