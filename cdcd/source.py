@@ -5,16 +5,28 @@ the replication connection (:mod:`cdcd.replication.client`). Problems an operato
 (wal_level, missing or invalidated slot, missing publication, privileges) raise
 :class:`DefiniteSourceError` with what to do; lost connections raise
 :class:`TransientSourceError`.
+
+Every connection goes through the DSN's host list (:mod:`cdcd.replication.hosts`), so after a
+failover the next connection finds the promoted standby. :meth:`Source.prepare` retries
+transient errors with the reconnect backoff, bounded by ``source.give_up_after``, so a daemon
+started before its database (or during a failover) waits instead of exiting.
+
+Failover slots (PostgreSQL 17+, README "High availability"): with ``source.failover`` on, the
+slot is created with ``FAILOVER`` in CREATE_REPLICATION_SLOT itself (altering it later on the
+exporting connection would destroy the exported snapshot); a slot that exists without it is
+altered on a connection of its own. 17 refuses FAILOVER together with TWO_PHASE, 18 allows it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import asyncpg
 import structlog
 
-from cdcd.config import Config
+from cdcd.config import Config, SourceConfig
 from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.replication import slot as slots
 from cdcd.replication.client import ReplicationClient, SlotExists
@@ -32,6 +44,14 @@ SESSION_GUCS = DEFAULT_GUCS
 
 def conn_params(config: Config) -> ConnParams:
     return parse_dsn(config.source.conninfo())
+
+
+def wants_failover(src: SourceConfig, server_version: int) -> bool:
+    """Whether the slot should be a failover slot: ``source.failover``, where ``auto`` means
+    on for 17+ (18+ when ``two_phase`` is on, since 17 cannot have both)."""
+    if src.failover == "auto":
+        return server_version >= 180000 or (server_version >= 170000 and not src.two_phase)
+    return bool(src.failover)
 
 
 async def open_sql(params: ConnParams, timeout: float) -> Any:
@@ -128,7 +148,31 @@ class Source:
         """Check the server and set up the publication and slot as configured.
 
         Returns a :class:`SnapshotPlan` when the slot was created here and the snapshot mode
-        asks for the existing rows."""
+        asks for the existing rows. A server that cannot be reached (down, restarting, only a
+        standby answering while ``target_session_attrs`` wants a primary) is retried with the
+        reconnect backoff until ``source.give_up_after``; definite problems raise at once."""
+        src = self.config.source
+        backoff = src.reconnect_min_backoff
+        started = time.monotonic()
+        while True:
+            try:
+                return await self._prepare_once()
+            except TransientSourceError as exc:
+                waited = time.monotonic() - started
+                if src.give_up_after is not None and waited + backoff > src.give_up_after:
+                    raise DefiniteSourceError(
+                        f"giving up after {waited:.0f} s of failed connections: {exc}"
+                    ) from exc
+                log.warning(
+                    "source not ready at start-up; retrying", error=str(exc), backoff_s=backoff
+                )
+                old, self.catalog_conn = self.catalog_conn, None
+                if old is not None:
+                    old.terminate()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, src.reconnect_max_backoff)
+
+    async def _prepare_once(self) -> SnapshotPlan | None:
         src = self.config.source
         await self.connect_catalog()
         conn = self.catalog_conn
@@ -168,6 +212,8 @@ class Source:
             info = await slots.slot_info(conn, src.slot)
         if info is not None:
             self._check_slot(info)
+            if plan is None:
+                await self._ensure_failover(info)
         return plan
 
     async def create_slot_with_snapshot(self, state: SnapshotState) -> SnapshotPlan:
@@ -175,7 +221,12 @@ class Source:
         src = self.config.source
         client = await self.replication_client()
         try:
-            created = await client.create_slot(src.slot, two_phase=src.two_phase, snapshot="export")
+            created = await client.create_slot(
+                src.slot,
+                two_phase=src.two_phase,
+                snapshot="export",
+                failover=self._failover_for(client.server_version),
+            )
         except BaseException:
             await client.close()
             raise
@@ -206,11 +257,17 @@ class Source:
             raise DefiniteSourceError(
                 f"replication slot {src.slot!r} uses plugin {info.plugin!r}; cdcd needs pgoutput"
             )
-        if info.wal_status == "lost":
+        if info.invalidated:
+            reason = info.invalidation_reason or "wal_removed"
+            why = {
+                "wal_removed": "the server removed WAL it still needed (max_slot_wal_keep_size)",
+                "idle_timeout": "it stayed inactive longer than idle_replication_slot_timeout",
+                "rows_removed": "rows it needed were vacuumed away (a standby's slot conflict)",
+                "wal_level_insufficient": "wal_level was lowered below logical",
+            }.get(reason, reason)
             raise DefiniteSourceError(
-                f"replication slot {src.slot!r} is invalidated (wal_status=lost): the server "
-                "removed WAL it still needed (max_slot_wal_keep_size). Changes were lost; drop "
-                "the slot ('cdcd slot drop'), re-create it and re-snapshot the tables"
+                f"replication slot {src.slot!r} is invalidated ({reason}): {why}. Changes were "
+                "lost; drop the slot ('cdcd slot drop'), re-create it and re-snapshot the tables"
             )
         if src.two_phase and info.two_phase is False:
             log.warning(
@@ -224,15 +281,50 @@ class Source:
         src = self.config.source
         client = await self.replication_client()
         try:
-            created = await client.create_slot(src.slot, two_phase=src.two_phase)
+            failover = self._failover_for(client.server_version)
+            created = await client.create_slot(src.slot, two_phase=src.two_phase, failover=failover)
         except SlotExists:
             return False
         finally:
             await client.close()
         self.slot_created = True
         self.consistent_point = created.consistent_point
-        log.info("replication slot created", slot=src.slot, two_phase=src.two_phase)
+        log.info(
+            "replication slot created", slot=src.slot, two_phase=src.two_phase, failover=failover
+        )
         return True
+
+    def _failover_for(self, server_version: int) -> bool:
+        src = self.config.source
+        failover = wants_failover(src, server_version)
+        if src.failover == "auto" and not failover and server_version >= 170000:
+            log.warning(
+                "PostgreSQL 17 cannot create a slot with both FAILOVER and TWO_PHASE: the slot "
+                "is not a failover slot and will not survive a failover (18 allows both)",
+                slot=src.slot,
+            )
+        return failover
+
+    async def _ensure_failover(self, info: Any) -> None:
+        """Make an existing slot a failover slot when asked to (it was created without)."""
+        src = self.config.source
+        if info.failover is None or info.failover or info.synced:
+            return
+        version = await slots.server_version(self.catalog_conn)
+        if not wants_failover(src, version):
+            return
+        client = await self.replication_client()
+        try:
+            await client.alter_slot_failover(src.slot, True)
+            log.info("replication slot made a failover slot", slot=src.slot)
+        except DefiniteSourceError as exc:
+            log.warning(
+                "could not make the slot a failover slot; it will not survive a failover",
+                slot=src.slot,
+                error=str(exc),
+            )
+        finally:
+            await client.close()
 
     async def replication_client(self) -> ReplicationClient:
         src = self.config.source
