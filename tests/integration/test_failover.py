@@ -44,6 +44,7 @@ from tests.e2e import (
     assert_no_duplicates,
     checked_events,
     comparable,
+    run_cdcd,
     start_cdcd,
     write_config,
 )
@@ -244,21 +245,25 @@ def failover_run(tmp_path: Path, pair: PgPair, *, kill_cdcd: bool, planned: bool
             old = pair.switchover()
         else:
             pair.primary.stop("immediate")  # mid-transaction: the workload never pauses
-            if kill_cdcd:
+            if kill_cdcd:  # and started again while only the standby answers
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(30)
+                proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+                waiting = "source not ready at start-up"
             else:
-                wait_for(
-                    "cdcd saying it waits for a primary",
-                    lambda: "no server suits target_session_attrs=primary" in log_text(log),
-                )
-                time.sleep(3)  # a few rounds of the backoff
-                assert proc.poll() is None, "cdcd exited while only a standby was reachable"
-                assert not ready(http_port), "/readyz while no primary was reachable"
+                waiting = "source connection lost"
+            wait_for(
+                "cdcd saying it waits for a primary",
+                lambda: (
+                    waiting in log_text(log)
+                    and "no server suits target_session_attrs=primary" in log_text(log)
+                ),
+            )
+            time.sleep(3)  # a few rounds of the backoff
+            assert proc.poll() is None, "cdcd exited while only a standby was reachable"
+            assert not ready(http_port), "/readyz while no primary was reachable"
             old = pair.promote()
         assert not old.is_running()
-        if kill_cdcd:
-            proc = start_cdcd("run", "--config", str(cfg), log_path=log)
         before = workload.commits
         wait_for("the workload on the new primary", lambda: workload.commits > before + 100)
         workload.finish()
@@ -291,3 +296,112 @@ def test_promotion_with_cdcd_killed(tmp_path: Path, pair: PgPair) -> None:
 
 def test_planned_switchover(tmp_path: Path, pair: PgPair) -> None:
     failover_run(tmp_path, pair, kill_cdcd=False, planned=True)
+
+
+def test_check_and_slot_status_report_failover(tmp_path: Path, pair: PgPair) -> None:
+    cfg = config(tmp_path, pair)
+    assert "created slot" in run_cdcd("slot", "create", "--config", str(cfg)).stdout
+    standby = pair.standby
+    assert standby is not None
+    where = f"{standby.host}:{standby.port}"
+    # A slot nobody has streamed from is not synchronised yet: its catalog xmin is older than
+    # the standby's, so the slot sync worker waits (it would be lost at a failover now).
+    report = run_cdcd("check", "--config", str(cfg)).stdout
+    assert f"{where}  warn  standby; slot 'cdcd_e2e' not synchronised yet" in report, report
+    log = tmp_path / "cdcd.log"
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    try:
+        wait_for("cdcd streaming", lambda: '"streaming"' in log_text(log))
+        for i in range(10):  # the slot moves on: now it can be synchronised
+            pair.primary.execute(f"INSERT INTO acct VALUES ({1000 + i}, 1, 'x')", DB)
+            pair.primary.execute("SELECT pg_log_standby_snapshot()")
+            time.sleep(0.3)
+        assert stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    pair.wait_slot_synced(SLOT, DB)
+    status = run_cdcd("slot", "status", "--config", str(cfg)).stdout
+    assert "failover             True" in status
+    assert "standby_slots        standby1 (streaming: standby1)" in status
+    report = run_cdcd("check", "--config", str(cfg)).stdout
+    rows = {line.split()[0]: line for line in report.splitlines() if line.strip()}
+    assert "ok" in rows["failover"] and "failover=True" in rows["failover"], report
+    assert "synchronized_standby_slots=standby1" in rows["failover"], report
+    assert "standby; slot 'cdcd_e2e' synchronised, ready" in rows[where], report
+    assert "primary" in rows[f"{pair.primary.host}:{pair.primary.port}"], report
+    assert "idle_replication_slot_timeout is off" in report, report
+
+    # Unprotected: nothing holds logical changes back until the standby has them.
+    pair.primary.set_settings(synchronized_standby_slots=None, idle_replication_slot_timeout="1d")
+    pair.primary.reload()
+    report = run_cdcd("check", "--config", str(cfg)).stdout
+    failover_row = next(line for line in report.splitlines() if line.startswith("failover"))
+    assert " warn " in failover_row and "synchronized_standby_slots" in failover_row, report
+    assert "idle_replication_slot_timeout=1d" in report, report
+    status = run_cdcd("slot", "status", "--config", str(cfg)).stdout
+    assert "warning: the slot is a failover slot but synchronized_standby_slots is empty" in status
+
+
+def test_invalidated_slot_with_on_slot_lost_fail(tmp_path: Path, install: PgInstall) -> None:
+    with PgCluster(install, settings={"max_slot_wal_keep_size": "1MB"}) as cluster:
+        cluster.execute(f"CREATE DATABASE {DB}")
+        cluster.execute("CREATE TABLE t (id int PRIMARY KEY, v text)", DB)
+        cfg = write_config(tmp_path, cluster.dsn(DB), on_slot_lost="fail", **FAST)
+        run_cdcd("slot", "create", "--config", str(cfg))
+        for _ in range(4):  # WAL past max_slot_wal_keep_size, then a checkpoint removes it
+            cluster.execute(
+                "INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g;"
+                "DELETE FROM t; SELECT pg_switch_wal()",
+                DB,
+            )
+        cluster.execute("CHECKPOINT")
+        wait_for(
+            "the slot to be invalidated",
+            lambda: (
+                cluster.fetchval(
+                    f"SELECT wal_status FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+                )
+                == "lost"
+            ),
+            30,
+        )
+        proc = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+        assert "invalidated (wal_removed)" in proc.stderr + proc.stdout
+        assert "re-create it and re-snapshot" in proc.stderr + proc.stdout
+        check = run_cdcd("check", "--config", str(cfg), check=False)
+        assert check.returncode == 3 and "invalidated (wal_removed)" in check.stdout, check.stdout
+
+
+def test_start_before_the_server(tmp_path: Path, install: PgInstall) -> None:
+    """A daemon started while its server is down waits (reconnect backoff) instead of
+    exiting; with give_up_after it gives up with exit 3."""
+    with PgCluster(install) as cluster:
+        cluster.execute(f"CREATE DATABASE {DB}")
+        cluster.execute("CREATE TABLE t (id int PRIMARY KEY)", DB)
+        cluster.stop()
+        cfg = write_config(tmp_path / "a", cluster.dsn(DB), **FAST)
+        log = tmp_path / "a.log"
+        proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+        try:
+            wait_for("a retry", lambda: "source not ready at start-up" in log_text(log))
+            time.sleep(2)
+            assert proc.poll() is None, log_text(log)[-3000:]
+            cluster.start()  # same port
+            wait_for("cdcd streaming", lambda: '"streaming"' in log_text(log))
+            cluster.execute("INSERT INTO t VALUES (1)", DB)
+            out = tmp_path / "a" / "out"
+            wait_for("the insert in the files", lambda: len(checked_events(out, "public.t")) == 1)
+            assert stop(proc) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        cluster.stop()
+        cfg = write_config(tmp_path / "b", cluster.dsn(DB), give_up_after="2s", **FAST)
+        started = time.monotonic()
+        proc2 = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
+        assert proc2.returncode == 3, proc2.stdout + proc2.stderr
+        assert "giving up after" in proc2.stdout + proc2.stderr
+        assert time.monotonic() - started < 30
