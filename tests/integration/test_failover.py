@@ -64,7 +64,7 @@ SLOT = "cdcd_e2e"
 FAST = {"reconnect_min_backoff": "0.2s", "reconnect_max_backoff": "1s", "status_interval": "1s"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def install() -> PgInstall:
     found = [i for i in find_installations() if i.major >= 17]
     if not found:
@@ -74,8 +74,8 @@ def install() -> PgInstall:
     return found[0]
 
 
-@pytest.fixture
-def pair(install: PgInstall) -> Iterator[PgPair]:
+@contextlib.contextmanager
+def started_pair(install: PgInstall) -> Iterator[PgPair]:
     pair = PgPair(install, settings={"wal_sender_timeout": "10s"}).start()
     try:
         pair.primary.execute(f"CREATE DATABASE {DB}")
@@ -85,9 +85,24 @@ def pair(install: PgInstall) -> Iterator[PgPair]:
             "INSERT INTO acct SELECT g, 100, 'seed' FROM generate_series(1, 20) g",
             DB,
         )
+        pair.wait_replayed()
         yield pair
     finally:
         pair.destroy()
+
+
+@pytest.fixture
+def pair(install: PgInstall) -> Iterator[PgPair]:
+    """A pair of this test's own (the failover tests promote the standby)."""
+    with started_pair(install) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def shared_pair(install: PgInstall) -> Iterator[PgPair]:
+    """A pair for tests that leave it as it is."""
+    with started_pair(install) as pair:
+        yield pair
 
 
 # --------------------------------------------------------------------------- the workload
@@ -405,3 +420,75 @@ def test_start_before_the_server(tmp_path: Path, install: PgInstall) -> None:
         assert proc2.returncode == 3, proc2.stdout + proc2.stderr
         assert "giving up after" in proc2.stdout + proc2.stderr
         assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    ("attrs", "expected"),
+    [
+        ("any", "standby"),  # the first host that answers
+        ("primary", "primary"),
+        ("read-write", "primary"),
+        ("standby", "standby"),
+        ("prefer-standby", "standby"),
+        ("read-only", "standby"),
+    ],
+)
+async def test_target_session_attrs_choose_the_server(
+    shared_pair: PgPair, attrs: str, expected: str
+) -> None:
+    """Hosts are tried in order (a dead one first, then the standby, then the primary) by the
+    replication connection and the SQL connections alike."""
+    from cdcd.replication.client import ReplicationClient
+    from cdcd.source import open_sql
+    from cdcd.wire.dsn import parse_dsn
+
+    pair = shared_pair
+    standby = pair.standby
+    assert standby is not None
+    hosts = f"127.0.0.1:{free_port()},127.0.0.1:{standby.port},127.0.0.1:{pair.primary.port}"
+    params = parse_dsn(
+        f"postgresql://postgres@{hosts}/{DB}?target_session_attrs={attrs}&sslmode=disable",
+        environ={},
+        use_passfile=False,
+    )
+    conn = await open_sql(params, 5)
+    try:
+        sql_role = "standby" if await conn.fetchval("SELECT pg_is_in_recovery()") else "primary"
+    finally:
+        await conn.close()
+    client = await ReplicationClient.connect(params)
+    try:
+        rows = await client.simple_query("SELECT pg_is_in_recovery()")
+        replication_role = "standby" if rows[0][0] == "t" else "primary"
+    finally:
+        await client.close()
+    assert (sql_role, replication_role) == (expected, expected)
+
+
+async def test_no_server_suits_is_transient(shared_pair: PgPair) -> None:
+    pair = shared_pair
+    from cdcd.errors import TransientSourceError
+    from cdcd.source import open_sql
+    from cdcd.wire.dsn import parse_dsn
+
+    standby = pair.standby
+    assert standby is not None
+    params = parse_dsn(
+        f"host=127.0.0.1,127.0.0.1 port={free_port()},{standby.port} dbname={DB} user=postgres "
+        "sslmode=disable target_session_attrs=primary",
+        environ={},
+        use_passfile=False,
+    )
+    with pytest.raises(TransientSourceError, match=f"127.0.0.1:{standby.port} is a standby"):
+        await open_sql(params, 5)
+    prefer = parse_dsn(
+        f"host=127.0.0.1 port={pair.primary.port} dbname={DB} user=postgres sslmode=disable "
+        "target_session_attrs=prefer-standby",
+        environ={},
+        use_passfile=False,
+    )
+    conn = await open_sql(prefer, 5)  # no standby listed: the primary will do
+    try:
+        assert not await conn.fetchval("SELECT pg_is_in_recovery()")
+    finally:
+        await conn.close()
