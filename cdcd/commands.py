@@ -106,7 +106,8 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
             )
         else:
             lag = await conn.fetchval(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 "
+                "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN "
+                "pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END, confirmed_flush_lsn)::int8 "
                 "FROM pg_replication_slots WHERE slot_name = $1",
                 src.slot,
             )

@@ -27,7 +27,7 @@ import asyncpg
 import structlog
 
 from cdcd.config import Config, SourceConfig
-from cdcd.errors import DefiniteSourceError, TransientSourceError
+from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
 from cdcd.replication import slot as slots
 from cdcd.replication.client import ReplicationClient, SlotExists
 from cdcd.replication.hosts import Role, connect_first
@@ -177,6 +177,14 @@ class Source:
         await self.connect_catalog()
         conn = self.catalog_conn
         await slots.check_wal_level(conn)
+        if await slots.in_recovery(conn) and not (
+            await slots.publication_exists(conn, src.publication)
+        ):
+            raise DefiniteSourceError(
+                f"publication {src.publication!r} does not exist, and cdcd is connected to a "
+                "standby, which cannot create it: create it on the primary (CREATE PUBLICATION "
+                "... FOR ALL TABLES)"
+            )
         if src.create_publication:
             await slots.ensure_publication(conn, src.publication, list(src.tables) or None)
         elif not await conn.fetchval(
@@ -225,7 +233,7 @@ class Source:
                 src.slot,
                 two_phase=src.two_phase,
                 snapshot="export",
-                failover=self._failover_for(client.server_version),
+                failover=self._failover_for(client),
             )
         except BaseException:
             await client.close()
@@ -281,7 +289,7 @@ class Source:
         src = self.config.source
         client = await self.replication_client()
         try:
-            failover = self._failover_for(client.server_version)
+            failover = self._failover_for(client)
             created = await client.create_slot(src.slot, two_phase=src.two_phase, failover=failover)
         except SlotExists:
             return False
@@ -294,8 +302,21 @@ class Source:
         )
         return True
 
-    def _failover_for(self, server_version: int) -> bool:
+    def _failover_for(self, client: ReplicationClient) -> bool:
         src = self.config.source
+        server_version = client.server_version
+        if client.in_hot_standby:  # logical decoding on a standby (16+): a local slot
+            if src.failover is True:
+                raise ConfigError(
+                    "source.failover: a slot created on a standby cannot be a failover slot; "
+                    "set source.failover to auto or false, or connect to the primary"
+                )
+            log.warning(
+                "the slot is created on a standby: it is not a failover slot and is lost when "
+                "another server is promoted",
+                slot=src.slot,
+            )
+            return False
         failover = wants_failover(src, server_version)
         if src.failover == "auto" and not failover and server_version >= 170000:
             log.warning(

@@ -882,7 +882,8 @@ def create_database(cluster: PgCluster, name: str | None = None) -> PgDatabase:
 
 class PgPair:
     """A primary and a physical standby made from it with ``pg_basebackup -R``, set up for
-    failover slots (PostgreSQL 17+; docs "Logical Replication Failover", 29.3):
+    failover slots (PostgreSQL 17+; docs "Logical Replication Failover", 29.3; on 16 only the
+    physical slot and ``hot_standby_feedback``, for logical decoding on the standby):
 
     * the standby streams through physical slot ``standby1`` (``primary_slot_name``), with
       ``hot_standby_feedback`` and ``sync_replication_slots`` on and a ``dbname`` in
@@ -905,7 +906,9 @@ class PgPair:
     def start(self, dbname: str = "postgres") -> PgPair:
         """Start the primary, create the physical slot, clone the standby and start it."""
         primary = self.primary
-        primary.set_settings(synchronized_standby_slots=self.STANDBY_SLOT)
+        slot_sync = primary.major >= 17  # failover slots; 16 only decodes on a standby
+        if slot_sync:
+            primary.set_settings(synchronized_standby_slots=self.STANDBY_SLOT)
         primary.start()
         primary.add_hba(f"host replication all {HOST}/32 trust")
         primary.execute(
@@ -930,12 +933,9 @@ class PgPair:
             ]
         )
         standby._initialized = True
-        standby.set_settings(
-            primary_slot_name=self.STANDBY_SLOT,
-            hot_standby_feedback=True,
-            sync_replication_slots=True,
-            synchronized_standby_slots=None,
-        )
+        standby.set_settings(primary_slot_name=self.STANDBY_SLOT, hot_standby_feedback=True)
+        if slot_sync:
+            standby.set_settings(sync_replication_slots=True, synchronized_standby_slots=None)
         self.standby = standby
         standby.start()
         return self

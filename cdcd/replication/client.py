@@ -422,6 +422,11 @@ class ReplicationClient:
         return self._session.buffered + len(self._protocol.raw)
 
     @property
+    def in_hot_standby(self) -> bool:
+        """Whether the server is a standby (its ``in_hot_standby`` parameter, 14+)."""
+        return self._session.parameters.get("in_hot_standby") == "on"
+
+    @property
     def backend_pid(self) -> int | None:
         return self._session.backend_pid
 

@@ -88,6 +88,13 @@ async def server_version(conn: Any) -> int:
     return int(await _run("server_version_num", lambda: conn.fetchval("SHOW server_version_num")))
 
 
+async def in_recovery(conn: Any) -> bool:
+    """Whether the server behind ``conn`` is a standby."""
+    return bool(
+        await _run("pg_is_in_recovery()", lambda: conn.fetchval("SELECT pg_is_in_recovery()"))
+    )
+
+
 async def slot_info(conn: Any, name: str) -> SlotInfo | None:
     """The slot called ``name``, or None when there is none."""
     version = await server_version(conn)

@@ -492,3 +492,56 @@ async def test_no_server_suits_is_transient(shared_pair: PgPair) -> None:
         assert not await conn.fetchval("SELECT pg_is_in_recovery()")
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("major", [16, 18])
+def test_decoding_on_a_standby(tmp_path: Path, major: int) -> None:
+    """Logical decoding on a standby (16+): cdcd connects to the standby only
+    (``target_session_attrs=standby``), creates its slot there (not a failover slot: 17+
+    refuses FAILOVER on a standby), snapshots and streams what the primary commits. The
+    publication comes from the primary; creating the slot waits for a running-transactions
+    record from the primary (``pg_log_standby_snapshot()`` here, the bgwriter's every 15 s
+    in production)."""
+    install = get_installation(major)
+    if install is None:
+        pytest.skip(f"PostgreSQL {major} is not installed")
+    with started_pair(install) as pair:
+        standby = pair.standby
+        assert standby is not None
+        dsn = f"postgresql://postgres@127.0.0.1:{standby.port}/{DB}?target_session_attrs=standby"
+        cfg = write_config(tmp_path, dsn, snapshot="initial", **FAST)
+        no_publication = run_cdcd("run", "--config", str(cfg), check=False)
+        assert no_publication.returncode == 3
+        assert "create it on the primary" in no_publication.stdout + no_publication.stderr
+        pair.primary.execute("CREATE PUBLICATION cdcd_e2e_pub FOR ALL TABLES", DB)
+        pair.wait_replayed()
+        log = tmp_path / "cdcd.log"
+        out = tmp_path / "out"
+        proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+        try:
+            deadline = time.monotonic() + 60
+            while '"streaming"' not in log_text(log):
+                assert time.monotonic() < deadline and proc.poll() is None, log_text(log)[-3000:]
+                pair.primary.execute("SELECT pg_log_standby_snapshot()")
+                time.sleep(0.3)
+            pair.primary.execute(
+                "INSERT INTO acct VALUES (100, 1, 'new'); UPDATE acct SET balance = 7 WHERE id = 1;"
+                "DELETE FROM acct WHERE id = 2; INSERT INTO ledger VALUES (1, 1, 1)",
+                DB,
+            )
+            pair.wait_replayed()
+            wait_for("cdcd to catch up", caught_up(out, pair.primary))
+            assert stop(proc) == 0, log_text(log)[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        assert_files_equal_tables(out, pair.primary)
+        row = standby.fetch(
+            f"SELECT slot_type, {'failover' if major >= 17 else 'false'} "
+            f"FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+        )
+        assert row == [("logical", False)]
+        assert not pair.primary.fetch(
+            f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+        )
