@@ -11,6 +11,7 @@ from cdcd.errors import EXIT_FAILURE, EXIT_OK, EXIT_SOURCE, CdcdError, DefiniteS
 from cdcd.lsn import format_lsn
 from cdcd.replication import slot as slots
 from cdcd.replication.client import SlotExists
+from cdcd.snapshot import SnapshotState
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -324,6 +325,8 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
                 out.write(f"slot {src.slot!r} already exists\n")
             return EXIT_OK
         if action == "drop":
+            # cdcd starts over: a new slot and a new snapshot (see Source.prepare)
+            SnapshotState(config.snapshot.state_dir, src.slot).path.unlink(missing_ok=True)
             client = await source.replication_client()
             try:
                 await client.drop_slot(src.slot)

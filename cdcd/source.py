@@ -131,6 +131,13 @@ class Source:
         self.slot_created = False
         self.consistent_point: int | None = None
 
+    def where(self) -> str:
+        """The server the catalog connection reached (``host:port``), else the DSN's hosts."""
+        addr = getattr(self.catalog_conn, "_addr", None) if self.catalog_conn else None
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            return f"{addr[0]}:{addr[1]}"
+        return self.params.describe()
+
     async def connect_catalog(self) -> None:
         if self.catalog_conn is None:
             self.catalog_conn = await open_sql(self.params, self.config.source.connect_timeout)
@@ -207,6 +214,17 @@ class Source:
             await self.drop_slot()
             info = None
         plan: SnapshotPlan | None = None
+        if info is None and state.path.exists() and not state.running():
+            # This cdcd snapshotted through the slot before: it was dropped, or lost in a
+            # failover to a server that did not have it. A new slot would silently skip
+            # everything in between.
+            raise DefiniteSourceError(
+                f"replication slot {src.slot!r} no longer exists on {self.where()}, but cdcd "
+                f"streamed from it before ({state.path}): it was dropped, or lost in a failover "
+                "(not a failover slot, or not synchronised to the promoted standby). Changes "
+                "since were lost. To start over with a new slot and a new snapshot, run 'cdcd "
+                f"slot drop' (or remove {state.path})"
+            )
         if info is None:
             if not src.create_slot:
                 raise DefiniteSourceError(

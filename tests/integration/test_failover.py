@@ -212,7 +212,8 @@ def caught_up(out: Path, cluster: PgCluster) -> Callable[[], bool]:
 
     def check() -> bool:
         return any(
-            e["op"] == "c" and e["after"]["n"] == key for e in checked_events(out, "public.ledger")
+            e["op"] in ("c", "r") and e["after"]["n"] == key
+            for e in checked_events(out, "public.ledger")
         )
 
     return check
@@ -545,3 +546,34 @@ def test_decoding_on_a_standby(tmp_path: Path, major: int) -> None:
         assert not pair.primary.fetch(
             f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
         )
+
+
+def test_slot_lost_at_a_failover(tmp_path: Path, pair: PgPair) -> None:
+    """A slot that is not a failover slot is not on the promoted standby: cdcd stops with
+    exit 3 rather than quietly starting a new slot (which would skip what happened in
+    between); 'cdcd slot drop' starts over with a new slot and a new snapshot."""
+    cfg = config(tmp_path, pair, failover=False)
+    log = tmp_path / "cdcd.log"
+    out = tmp_path / "out"
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    try:
+        wait_for("cdcd to catch up", caught_up(out, pair.primary))
+        pair.primary.stop("immediate")
+        pair.promote()
+        assert proc.wait(60) == 3, log_text(log)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert "does not exist" in log_text(log)
+    again = run_cdcd("run", "--config", str(cfg), check=False)
+    assert again.returncode == 3, again.stdout + again.stderr
+    message = again.stdout + again.stderr
+    assert "no longer exists" in message and "lost in a failover" in message, message
+    assert "'cdcd slot drop'" in message
+    assert not pair.primary.fetch(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{SLOT}'")
+    assert "does not exist" in run_cdcd("slot", "drop", "--config", str(cfg)).stdout
+    endpos = pair.primary.fetchval("SELECT pg_current_wal_lsn()::text")
+    run_cdcd("run", "--config", str(cfg), "--endpos", endpos)  # a new slot and snapshot
+    snapshots = {e["source"]["commit_lsn"] for e in all_events(out) if e["op"] == "r"}
+    assert len(snapshots) == 2
