@@ -235,7 +235,12 @@ class Source:
                 plan = await self.create_slot_with_snapshot(state)
             else:
                 await self.create_slot()
-            info = await slots.slot_info(conn, src.slot)
+            try:
+                info = await slots.slot_info(conn, src.slot)
+            except BaseException:
+                if plan is not None:  # the next attempt snapshots again (state: running)
+                    await plan.close()
+                raise
         if info is not None:
             self._check_slot(info)
             if plan is None:
