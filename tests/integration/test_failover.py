@@ -361,7 +361,10 @@ async def test_promotion_with_kafka(tmp_path: Path, pair: PgPair, kafka_broker: 
 
 def test_check_and_slot_status_report_failover(tmp_path: Path, pair: PgPair) -> None:
     cfg = config(tmp_path, pair)
-    assert "created slot" in run_cdcd("slot", "create", "--config", str(cfg)).stdout
+    plain = config(tmp_path / "plain", pair, failover=False)
+    assert "created slot" in run_cdcd("slot", "create", "--config", str(plain)).stdout
+    report = run_cdcd("check", "--config", str(cfg)).stdout
+    assert "failover=False" in report and "(cdcd run makes it a failover slot)" in report, report
     standby = pair.standby
     assert standby is not None
     where = f"{standby.host}:{standby.port}"
@@ -373,6 +376,7 @@ def test_check_and_slot_status_report_failover(tmp_path: Path, pair: PgPair) -> 
     proc = start_cdcd("run", "--config", str(cfg), log_path=log)
     try:
         wait_for("cdcd streaming", lambda: '"streaming"' in log_text(log))
+        assert "replication slot made a failover slot" in log_text(log)
         for i in range(10):  # the slot moves on: now it can be synchronised
             pair.primary.execute(f"INSERT INTO acct VALUES ({1000 + i}, 1, 'x')", DB)
             pair.primary.execute("SELECT pg_log_standby_snapshot()")
