@@ -176,7 +176,9 @@ async def _failover_findings(
         listed = ",".join(setup.synchronized_standby_slots) or "(none)"
         detail = f"slot {slot_state}; synchronized_standby_slots={listed}"
         status = OK
-        if wanted and not setup.protected:
+        if wanted and not setup.protected and not setup.physical_slots:
+            detail += " (no physical slot: no standby synchronises slots from this server)"
+        elif wanted and not setup.protected:
             status = WARN
             detail += (
                 ": nothing holds changes back until a standby has them, so after a failover "
@@ -369,7 +371,9 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
                 listed = ",".join(setup.synchronized_standby_slots) or "(none)"
                 active = ",".join(setup.active) or "(none)"
                 out.write(f"{'standby_slots':<20} {listed} (streaming: {active})\n")
-                if info.failover and not setup.protected and not setup.in_recovery:
+                if info.failover and not (
+                    setup.protected or setup.in_recovery or not setup.physical_slots
+                ):
                     out.write(
                         "warning: the slot is a failover slot but synchronized_standby_slots is "
                         "empty: cdcd may receive changes a standby does not have yet\n"

@@ -245,7 +245,21 @@ class Source:
             self._check_slot(info)
             if plan is None:
                 await self._ensure_failover(info)
+        await self._warn_unprotected()
         return plan
+
+    async def _warn_unprotected(self) -> None:
+        """A failover slot on a primary without ``synchronized_standby_slots`` may send cdcd
+        changes no standby has: after a failover the new primary would not have them."""
+        setup = await slots.failover_setup(self.catalog_conn)
+        if setup is None or setup.in_recovery or setup.protected or not setup.physical_slots:
+            return  # no standby streams through a physical slot: nothing to protect
+        if wants_failover(self.config.source, await slots.server_version(self.catalog_conn)):
+            log.warning(
+                "the slot is a failover slot but synchronized_standby_slots is empty on the "
+                "primary: cdcd may publish changes no standby has yet (README, High availability)",
+                slot=self.config.source.slot,
+            )
 
     async def create_slot_with_snapshot(self, state: SnapshotState) -> SnapshotPlan:
         """Create the slot exporting its snapshot; the connection stays open for the reader."""

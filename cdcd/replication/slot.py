@@ -230,6 +230,8 @@ class FailoverSetup:
     synchronized_standby_slots: tuple[str, ...]
     active: tuple[str, ...]
     in_recovery: bool
+    #: physical slots on the server: a standby that synchronises slots streams through one
+    physical_slots: int = 0
 
     @property
     def protected(self) -> bool:
@@ -250,7 +252,10 @@ async def failover_setup(conn: Any) -> FailoverSetup | None:
             list(names),
         )
         in_recovery = bool(await conn.fetchval("SELECT pg_is_in_recovery()"))
-        return FailoverSetup(names, tuple(r[0] for r in active), in_recovery)
+        physical = await conn.fetchval(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical'"
+        )
+        return FailoverSetup(names, tuple(r[0] for r in active), in_recovery, int(physical))
 
     return await _run("reading the failover set-up", read)
 

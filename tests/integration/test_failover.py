@@ -406,6 +406,9 @@ def test_check_and_slot_status_report_failover(tmp_path: Path, pair: PgPair) -> 
     assert "idle_replication_slot_timeout=1d" in report, report
     status = run_cdcd("slot", "status", "--config", str(cfg)).stdout
     assert "warning: the slot is a failover slot but synchronized_standby_slots is empty" in status
+    endpos = pair.primary.fetchval("SELECT pg_current_wal_lsn()::text")
+    ran = run_cdcd("run", "--config", str(cfg), "--endpos", endpos)
+    assert "synchronized_standby_slots is empty on the primary" in ran.stdout + ran.stderr
 
 
 def test_invalidated_slot_with_on_slot_lost_fail(tmp_path: Path, install: PgInstall) -> None:
