@@ -77,7 +77,13 @@ async def connect_first(
             if accepts(wanted, in_hot_standby=in_hot_standby, read_only=read_only):
                 return conn
             await discard(conn)
-            notes[where] = "a standby (in recovery)" if in_hot_standby else "read-only"
+            notes[where] = (
+                "a standby (in recovery)"
+                if in_hot_standby
+                else "read-only (default_transaction_read_only)"
+                if read_only
+                else "a primary"
+            )
             log.info(
                 "server does not suit target_session_attrs; trying the next host",
                 host=where,

@@ -38,6 +38,10 @@ import psycopg2
 import pytest
 import yaml
 
+from cdcd.errors import TransientSourceError
+from cdcd.replication.client import ReplicationClient
+from cdcd.source import open_sql
+from cdcd.wire.dsn import parse_dsn
 from tests.e2e import (
     all_events,
     apply_events,
@@ -491,9 +495,6 @@ async def test_target_session_attrs_choose_the_server(
 ) -> None:
     """Hosts are tried in order (a dead one first, then the standby, then the primary) by the
     replication connection and the SQL connections alike."""
-    from cdcd.replication.client import ReplicationClient
-    from cdcd.source import open_sql
-    from cdcd.wire.dsn import parse_dsn
 
     pair = shared_pair
     standby = pair.standby
@@ -519,10 +520,8 @@ async def test_target_session_attrs_choose_the_server(
 
 
 async def test_no_server_suits_is_transient(shared_pair: PgPair) -> None:
+
     pair = shared_pair
-    from cdcd.errors import TransientSourceError
-    from cdcd.source import open_sql
-    from cdcd.wire.dsn import parse_dsn
 
     standby = pair.standby
     assert standby is not None
@@ -534,6 +533,14 @@ async def test_no_server_suits_is_transient(shared_pair: PgPair) -> None:
     )
     with pytest.raises(TransientSourceError, match=f"127.0.0.1:{standby.port} is a standby"):
         await open_sql(params, 5)
+    only_primary = parse_dsn(
+        f"host=127.0.0.1 port={pair.primary.port} dbname={DB} user=postgres sslmode=disable "
+        "target_session_attrs=standby",
+        environ={},
+        use_passfile=False,
+    )
+    with pytest.raises(TransientSourceError, match=f"{pair.primary.port} is a primary"):
+        await ReplicationClient.connect(only_primary)
     prefer = parse_dsn(
         f"host=127.0.0.1 port={pair.primary.port} dbname={DB} user=postgres sslmode=disable "
         "target_session_attrs=prefer-standby",
