@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from cdcd.config import Config
@@ -19,6 +19,7 @@ from cdcd.errors import (
 from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication import slot as slots
 from cdcd.replication.client import SlotExists
+from cdcd.snapshot import SnapshotState
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -118,7 +119,8 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
             )
         else:
             lag = await conn.fetchval(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8 "
+                "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN "
+                "pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END, confirmed_flush_lsn)::int8 "
                 "FROM pg_replication_slots WHERE slot_name = $1",
                 src.slot,
             )
@@ -127,10 +129,13 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
                 f"confirmed={format_lsn(info.confirmed_flush_lsn or 0)} lag={_size(lag)} "
                 f"safe_wal_size={_size(info.safe_wal_size)}"
             )
+            if info.invalidated:
+                detail += f" invalidated ({info.invalidation_reason or 'wal_removed'})"
             status = FAIL if info.invalidated or (info.plugin not in (None, "pgoutput")) else OK
             if status == OK and lag is not None and lag > src.retained_wal_warning:
                 status = WARN
             findings.append(Finding("slot", status, detail))
+        findings.extend(await _failover_findings(source, conn, info, version_num))
         exists = await slots.publication_exists(conn, src.publication)
         if not exists:
             findings.append(
@@ -191,6 +196,134 @@ async def current_wal_end(config: Config) -> int:
     return parse_lsn(str(text))
 
 
+async def _failover_findings(
+    source: Any, conn: Any, info: slots.SlotInfo | None, version: int
+) -> list[Finding]:
+    """Failover slot, what protects it on the primary, each host of the DSN, and 18's
+    ``idle_replication_slot_timeout`` (README "High availability")."""
+    from cdcd.source import wants_failover
+
+    src = source.config.source
+    findings: list[Finding] = []
+    wanted = wants_failover(src, version)
+    setup = await slots.failover_setup(conn)
+    if setup is None:
+        status = FAIL if src.failover is True else OK
+        findings.append(
+            Finding(
+                "failover",
+                status,
+                f"not available before PostgreSQL 17 (server {version // 10000})",
+            )
+        )
+    else:
+        if info is None:
+            slot_state = "will be created " + ("with FAILOVER" if wanted else "without FAILOVER")
+        else:
+            slot_state = f"failover={info.failover} synced={info.synced}"
+        protected = setup.protected and setup.active == setup.synchronized_standby_slots
+        listed = ",".join(setup.synchronized_standby_slots) or "(none)"
+        detail = f"slot {slot_state}; synchronized_standby_slots={listed}"
+        status = OK
+        if wanted and not setup.protected and not setup.physical_slots:
+            detail += " (no physical slot: no standby synchronises slots from this server)"
+        elif wanted and not setup.protected:
+            status = WARN
+            detail += (
+                ": nothing holds changes back until a standby has them, so after a failover "
+                "cdcd may have published transactions the new primary never had; list the "
+                "standby's physical slot in synchronized_standby_slots"
+            )
+        elif wanted and not protected:
+            status = WARN
+            inactive = sorted(set(setup.synchronized_standby_slots) - set(setup.active))
+            detail += (
+                f": no standby streams from {', '.join(inactive)}; logical walsenders wait for "
+                "it (cdcd stalls) until it is back or removed from the list"
+            )
+        elif not wanted:
+            detail += " (source.failover is off: the slot is lost at a failover)"
+        elif info is not None and not info.failover:
+            status = WARN
+            detail += " (cdcd run makes it a failover slot)"
+        findings.append(Finding("failover", status, detail))
+    findings.extend(await _host_findings(source, wanted))
+    timeout = await slots.idle_slot_timeout(conn)
+    if timeout is not None:
+        off = timeout in ("0", "0ms", "0s", "0min")
+        findings.append(
+            Finding(
+                "idle slot timeout",
+                OK if off else WARN,
+                "idle_replication_slot_timeout is off"
+                if off
+                else f"idle_replication_slot_timeout={timeout}: the slot is invalidated when "
+                "cdcd stays away longer (changes are then lost)",
+            )
+        )
+    return findings
+
+
+async def _host_findings(source: Any, wanted: bool) -> list[Finding]:
+    """One row per host of a multi-host DSN: primary or standby, and on a standby whether it
+    synchronises the slot (``sync_replication_slots`` and what it needs)."""
+    from cdcd.source import open_sql
+
+    hosts = source.params.each_host()
+    if len(hosts) < 2:
+        return []
+    src = source.config.source
+    findings = []
+    for host in hosts:
+        where = f"  {host.host}:{host.port}"
+        try:
+            conn = await open_sql(replace(host, target_session_attrs="any"), src.connect_timeout)
+        except CdcdError as exc:
+            findings.append(Finding(where, WARN, f"unreachable: {exc}"))
+            continue
+        try:
+            if not await conn.fetchval("SELECT pg_is_in_recovery()"):
+                findings.append(Finding(where, OK, "primary"))
+                continue
+            findings.append(await _standby_finding(conn, where, src.slot, wanted))
+        finally:
+            await conn.close()
+    return findings
+
+
+async def _standby_finding(conn: Any, where: str, slot: str, wanted: bool) -> Finding:
+    version = int(await conn.fetchval("SHOW server_version_num"))
+    if version < 170000:
+        return Finding(where, WARN if wanted else OK, "standby (no slot synchronisation before 17)")
+    settings = {
+        name: await conn.fetchval(f"SHOW {name}")
+        for name in ("sync_replication_slots", "hot_standby_feedback", "primary_slot_name")
+    }
+    missing = [
+        name
+        for name, value in settings.items()
+        if (value in ("off", "") if name != "primary_slot_name" else not value)
+    ]
+    synced = await conn.fetchrow(
+        "SELECT synced, temporary, invalidation_reason FROM pg_replication_slots "
+        "WHERE slot_name = $1",
+        slot,
+    )
+    if missing:
+        return Finding(where, WARN, f"standby; cannot synchronise slots: set {', '.join(missing)}")
+    if synced is None or synced["temporary"]:
+        return Finding(
+            where,
+            WARN if wanted else OK,
+            f"standby; slot {slot!r} not synchronised yet (it becomes ready for a failover once "
+            "cdcd has streamed from it on the primary; a slot lost at a failover now)",
+        )
+    if synced["invalidation_reason"]:
+        reason = synced["invalidation_reason"]
+        return Finding(where, WARN, f"standby; its copy of the slot is invalidated ({reason})")
+    return Finding(where, OK, f"standby; slot {slot!r} synchronised, ready for a failover")
+
+
 _IDENTITY_SQL = """
 SELECT pt.schemaname || '.' || pt.tablename, c.relreplident,
        EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) AS has_pk,
@@ -243,6 +376,8 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
                 out.write(f"slot {src.slot!r} already exists\n")
             return EXIT_OK
         if action == "drop":
+            # cdcd starts over: a new slot and a new snapshot (see Source.prepare)
+            SnapshotState(config.snapshot.state_dir, src.slot).path.unlink(missing_ok=True)
             client = await source.replication_client()
             try:
                 await client.drop_slot(src.slot)
@@ -268,6 +403,8 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
                 "active",
                 "active_pid",
                 "two_phase",
+                "failover",
+                "synced",
                 "wal_status",
                 "safe_wal_size",
                 "restart_lsn",
@@ -278,6 +415,18 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
                 if field.endswith("_lsn") and value is not None:
                     value = format_lsn(value)
                 out.write(f"{field:<20} {value}\n")
+            setup = await slots.failover_setup(source.catalog_conn)
+            if setup is not None:
+                listed = ",".join(setup.synchronized_standby_slots) or "(none)"
+                active = ",".join(setup.active) or "(none)"
+                out.write(f"{'standby_slots':<20} {listed} (streaming: {active})\n")
+                if info.failover and not (
+                    setup.protected or setup.in_recovery or not setup.physical_slots
+                ):
+                    out.write(
+                        "warning: the slot is a failover slot but synchronized_standby_slots is "
+                        "empty: cdcd may receive changes a standby does not have yet\n"
+                    )
             return EXIT_SOURCE if info.invalidated else EXIT_OK
         raise ValueError(action)
     finally:

@@ -136,6 +136,10 @@ class SourceConfig(_Model):
     binary: bool = False
     messages: bool = True
     origin: Annotated[Literal["any", "none"], BeforeValidator(_lowercase)] = "any"
+    #: create the slot with FAILOVER (17+) so a standby synchronises it; auto: on 17+
+    failover: Annotated[Literal["auto"] | bool, BeforeValidator(_lowercase)] = "auto"
+    #: what to do when the slot is invalidated or missing after a failover: fail (exit 3)
+    on_slot_lost: Annotated[Literal["fail", "recreate"], BeforeValidator(_lowercase)] = "fail"
     status_interval: Duration = 10.0
     connect_timeout: Duration = 10.0
     reconnect_min_backoff: Duration = 1.0
@@ -197,6 +201,16 @@ class SourceConfig(_Model):
         if bad:
             raise ValueError(f'expected "schema.table" names, not {", ".join(map(repr, bad))}')
         return tables
+
+    @field_validator("on_slot_lost")
+    @classmethod
+    def _check_on_slot_lost(cls, policy: str) -> str:
+        if policy == "recreate":
+            raise ValueError(
+                "'recreate' is not supported yet (it needs incremental snapshots to backfill "
+                "without losing deletes); use 'fail' and re-create the slot by hand"
+            )
+        return policy
 
     @field_validator("status_interval", "connect_timeout", "reconnect_min_backoff")
     @classmethod

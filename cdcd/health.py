@@ -103,6 +103,11 @@ class StatsCollector(Collector):
         yield GaugeMetricFamily(
             "cdcd_up", "1 while connected and streaming", value=int(s.streaming)
         )
+        yield GaugeMetricFamily(
+            "cdcd_source_waiting",
+            "1 while no usable source server answers (down, or only a standby not promoted yet)",
+            value=int(s.waiting_for is not None and not s.streaming),
+        )
         status = GaugeMetricFamily(
             "cdcd_slot_wal_status",
             "the slot's wal_status (1 for the current one)",
@@ -184,7 +189,9 @@ class Health:
         if path == "/readyz":
             if self.stats.streaming:
                 return 200, b"ready\n", "text/plain"
-            return 503, b"not streaming\n", "text/plain"
+            why = self.stats.waiting_for
+            body = b"not streaming\n" if why is None else f"not streaming: {why}\n".encode()
+            return 503, body, "text/plain"
         if path == "/metrics":
             return 200, generate_latest(self.registry), "text/plain; version=0.0.4; charset=utf-8"
         return 404, b"not found\n", "text/plain"

@@ -5,19 +5,32 @@ the replication connection (:mod:`cdcd.replication.client`). Problems an operato
 (wal_level, missing or invalidated slot, missing publication, privileges) raise
 :class:`DefiniteSourceError` with what to do; lost connections raise
 :class:`TransientSourceError`.
+
+Every connection goes through the DSN's host list (:mod:`cdcd.replication.hosts`), so after a
+failover the next connection finds the promoted standby. :meth:`Source.prepare` retries
+transient errors with the reconnect backoff, bounded by ``source.give_up_after``, so a daemon
+started before its database (or during a failover) waits instead of exiting.
+
+Failover slots (PostgreSQL 17+, README "High availability"): with ``source.failover`` on, the
+slot is created with ``FAILOVER`` in CREATE_REPLICATION_SLOT itself (altering it later on the
+exporting connection would destroy the exported snapshot); a slot that exists without it is
+altered on a connection of its own. 17 refuses FAILOVER together with TWO_PHASE, 18 allows it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import asyncpg
 import structlog
 
-from cdcd.config import Config
-from cdcd.errors import DefiniteSourceError, TransientSourceError
+from cdcd.config import Config, SourceConfig
+from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
 from cdcd.replication import slot as slots
 from cdcd.replication.client import ReplicationClient, SlotExists
+from cdcd.replication.hosts import Role, connect_first
 from cdcd.snapshot import SnapshotState
 from cdcd.wire.dsn import ConnParams, parse_dsn
 from cdcd.wire.session import DEFAULT_GUCS
@@ -33,8 +46,39 @@ def conn_params(config: Config) -> ConnParams:
     return parse_dsn(config.source.conninfo())
 
 
+def wants_failover(src: SourceConfig, server_version: int) -> bool:
+    """Whether the slot should be a failover slot: ``source.failover``, where ``auto`` means
+    on for 17+ (18+ when ``two_phase`` is on, since 17 cannot have both)."""
+    if src.failover == "auto":
+        return server_version >= 180000 or (server_version >= 170000 and not src.two_phase)
+    return bool(src.failover)
+
+
 async def open_sql(params: ConnParams, timeout: float) -> Any:
-    """An asyncpg connection for ordinary SQL, with the session GUCs set."""
+    """An asyncpg connection for ordinary SQL, with the session GUCs set; with several hosts,
+    to the first that suits ``target_session_attrs`` (:mod:`cdcd.replication.hosts`)."""
+    return await connect_first(params, lambda host: _open_one(host, timeout), _role, _discard)
+
+
+async def _role(conn: Any) -> Role:
+    settings = conn.get_settings()
+    standby = getattr(settings, "in_hot_standby", None)
+    try:
+        in_recovery = (
+            standby == "on"
+            if standby is not None
+            else bool(await conn.fetchval("SELECT pg_catalog.pg_is_in_recovery()"))
+        )
+    except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+        raise TransientSourceError(f"lost the connection to the source: {exc}") from exc
+    return in_recovery, getattr(settings, "default_transaction_read_only", "off") == "on"
+
+
+async def _discard(conn: Any) -> None:
+    conn.terminate()
+
+
+async def _open_one(params: ConnParams, timeout: float) -> Any:
     kwargs = params.to_asyncpg_kwargs()
     settings = dict(kwargs.pop("server_settings", None) or {})
     settings.update(SESSION_GUCS)
@@ -47,7 +91,14 @@ async def open_sql(params: ConnParams, timeout: float) -> Any:
         ) from exc
     except asyncpg.InvalidCatalogNameError as exc:
         raise DefiniteSourceError(f"database {params.dbname!r} does not exist: {exc}") from exc
-    except (OSError, TimeoutError, asyncpg.CannotConnectNowError) as exc:
+    except (
+        OSError,
+        TimeoutError,
+        asyncpg.CannotConnectNowError,  # starting up, shutting down, in recovery
+        asyncpg.TooManyConnectionsError,
+        asyncpg.PostgresConnectionError,  # closed during start-up
+        asyncpg.InterfaceError,
+    ) as exc:
         raise TransientSourceError(f"cannot connect to {params.host}:{params.port}: {exc}") from exc
 
 
@@ -80,6 +131,13 @@ class Source:
         self.slot_created = False
         self.consistent_point: int | None = None
 
+    def where(self) -> str:
+        """The server the catalog connection reached (``host:port``), else the DSN's hosts."""
+        addr = getattr(self.catalog_conn, "_addr", None) if self.catalog_conn else None
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            return f"{addr[0]}:{addr[1]}"
+        return self.params.describe()
+
     async def connect_catalog(self) -> None:
         if self.catalog_conn is None:
             self.catalog_conn = await open_sql(self.params, self.config.source.connect_timeout)
@@ -97,11 +155,43 @@ class Source:
         """Check the server and set up the publication and slot as configured.
 
         Returns a :class:`SnapshotPlan` when the slot was created here and the snapshot mode
-        asks for the existing rows."""
+        asks for the existing rows. A server that cannot be reached (down, restarting, only a
+        standby answering while ``target_session_attrs`` wants a primary) is retried with the
+        reconnect backoff until ``source.give_up_after``; definite problems raise at once."""
+        src = self.config.source
+        backoff = src.reconnect_min_backoff
+        started = time.monotonic()
+        while True:
+            try:
+                return await self._prepare_once()
+            except TransientSourceError as exc:
+                waited = time.monotonic() - started
+                if src.give_up_after is not None and waited + backoff > src.give_up_after:
+                    raise DefiniteSourceError(
+                        f"giving up after {waited:.0f} s of failed connections: {exc}"
+                    ) from exc
+                log.warning(
+                    "source not ready at start-up; retrying", error=str(exc), backoff_s=backoff
+                )
+                old, self.catalog_conn = self.catalog_conn, None
+                if old is not None:
+                    old.terminate()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, src.reconnect_max_backoff)
+
+    async def _prepare_once(self) -> SnapshotPlan | None:
         src = self.config.source
         await self.connect_catalog()
         conn = self.catalog_conn
         await slots.check_wal_level(conn)
+        if await slots.in_recovery(conn) and not (
+            await slots.publication_exists(conn, src.publication)
+        ):
+            raise DefiniteSourceError(
+                f"publication {src.publication!r} does not exist, and cdcd is connected to a "
+                "standby, which cannot create it: create it on the primary (CREATE PUBLICATION "
+                "... FOR ALL TABLES)"
+            )
         if src.create_publication:
             await slots.ensure_publication(conn, src.publication, list(src.tables) or None)
         elif not await conn.fetchval(
@@ -124,6 +214,17 @@ class Source:
             await self.drop_slot()
             info = None
         plan: SnapshotPlan | None = None
+        if info is None and state.path.exists() and not state.running():
+            # This cdcd snapshotted through the slot before: it was dropped, or lost in a
+            # failover to a server that did not have it. A new slot would silently skip
+            # everything in between.
+            raise DefiniteSourceError(
+                f"replication slot {src.slot!r} no longer exists on {self.where()}, but cdcd "
+                f"streamed from it before ({state.path}): it was dropped, or lost in a failover "
+                "(not a failover slot, or not synchronised to the promoted standby). Changes "
+                "since were lost. To start over with a new slot and a new snapshot, run 'cdcd "
+                f"slot drop' (or remove {state.path})"
+            )
         if info is None:
             if not src.create_slot:
                 raise DefiniteSourceError(
@@ -134,17 +235,43 @@ class Source:
                 plan = await self.create_slot_with_snapshot(state)
             else:
                 await self.create_slot()
-            info = await slots.slot_info(conn, src.slot)
+            try:
+                info = await slots.slot_info(conn, src.slot)
+            except BaseException:
+                if plan is not None:  # the next attempt snapshots again (state: running)
+                    await plan.close()
+                raise
         if info is not None:
             self._check_slot(info)
+            if plan is None:
+                await self._ensure_failover(info)
+        await self._warn_unprotected()
         return plan
+
+    async def _warn_unprotected(self) -> None:
+        """A failover slot on a primary without ``synchronized_standby_slots`` may send cdcd
+        changes no standby has: after a failover the new primary would not have them."""
+        setup = await slots.failover_setup(self.catalog_conn)
+        if setup is None or setup.in_recovery or setup.protected or not setup.physical_slots:
+            return  # no standby streams through a physical slot: nothing to protect
+        if wants_failover(self.config.source, await slots.server_version(self.catalog_conn)):
+            log.warning(
+                "the slot is a failover slot but synchronized_standby_slots is empty on the "
+                "primary: cdcd may publish changes no standby has yet (README, High availability)",
+                slot=self.config.source.slot,
+            )
 
     async def create_slot_with_snapshot(self, state: SnapshotState) -> SnapshotPlan:
         """Create the slot exporting its snapshot; the connection stays open for the reader."""
         src = self.config.source
         client = await self.replication_client()
         try:
-            created = await client.create_slot(src.slot, two_phase=src.two_phase, snapshot="export")
+            created = await client.create_slot(
+                src.slot,
+                two_phase=src.two_phase,
+                snapshot="export",
+                failover=self._failover_for(client),
+            )
         except BaseException:
             await client.close()
             raise
@@ -175,11 +302,17 @@ class Source:
             raise DefiniteSourceError(
                 f"replication slot {src.slot!r} uses plugin {info.plugin!r}; cdcd needs pgoutput"
             )
-        if info.wal_status == "lost":
+        if info.invalidated:
+            reason = info.invalidation_reason or "wal_removed"
+            why = {
+                "wal_removed": "the server removed WAL it still needed (max_slot_wal_keep_size)",
+                "idle_timeout": "it stayed inactive longer than idle_replication_slot_timeout",
+                "rows_removed": "rows it needed were vacuumed away (a standby's slot conflict)",
+                "wal_level_insufficient": "wal_level was lowered below logical",
+            }.get(reason, reason)
             raise DefiniteSourceError(
-                f"replication slot {src.slot!r} is invalidated (wal_status=lost): the server "
-                "removed WAL it still needed (max_slot_wal_keep_size). Changes were lost; drop "
-                "the slot ('cdcd slot drop'), re-create it and re-snapshot the tables"
+                f"replication slot {src.slot!r} is invalidated ({reason}): {why}. Changes were "
+                "lost; drop the slot ('cdcd slot drop'), re-create it and re-snapshot the tables"
             )
         if src.two_phase and info.two_phase is False:
             log.warning(
@@ -193,15 +326,63 @@ class Source:
         src = self.config.source
         client = await self.replication_client()
         try:
-            created = await client.create_slot(src.slot, two_phase=src.two_phase)
+            failover = self._failover_for(client)
+            created = await client.create_slot(src.slot, two_phase=src.two_phase, failover=failover)
         except SlotExists:
             return False
         finally:
             await client.close()
         self.slot_created = True
         self.consistent_point = created.consistent_point
-        log.info("replication slot created", slot=src.slot, two_phase=src.two_phase)
+        log.info(
+            "replication slot created", slot=src.slot, two_phase=src.two_phase, failover=failover
+        )
         return True
+
+    def _failover_for(self, client: ReplicationClient) -> bool:
+        src = self.config.source
+        server_version = client.server_version
+        if client.in_hot_standby:  # logical decoding on a standby (16+): a local slot
+            if src.failover is True:
+                raise ConfigError(
+                    "source.failover: a slot created on a standby cannot be a failover slot; "
+                    "set source.failover to auto or false, or connect to the primary"
+                )
+            log.warning(
+                "the slot is created on a standby: it is not a failover slot and is lost when "
+                "another server is promoted",
+                slot=src.slot,
+            )
+            return False
+        failover = wants_failover(src, server_version)
+        if src.failover == "auto" and not failover and server_version >= 170000:
+            log.warning(
+                "PostgreSQL 17 cannot create a slot with both FAILOVER and TWO_PHASE: the slot "
+                "is not a failover slot and will not survive a failover (18 allows both)",
+                slot=src.slot,
+            )
+        return failover
+
+    async def _ensure_failover(self, info: Any) -> None:
+        """Make an existing slot a failover slot when asked to (it was created without)."""
+        src = self.config.source
+        if info.failover is None or info.failover or info.synced:
+            return
+        version = await slots.server_version(self.catalog_conn)
+        if not wants_failover(src, version):
+            return
+        client = await self.replication_client()
+        try:
+            await client.alter_slot_failover(src.slot, True)
+            log.info("replication slot made a failover slot", slot=src.slot)
+        except DefiniteSourceError as exc:
+            log.warning(
+                "could not make the slot a failover slot; it will not survive a failover",
+                slot=src.slot,
+                error=str(exc),
+            )
+        finally:
+            await client.close()
 
     async def replication_client(self) -> ReplicationClient:
         src = self.config.source
@@ -235,9 +416,11 @@ class Source:
             await conn.close()
 
 
-#: the slot's wal_status, safe_wal_size, the server's WAL position and the WAL the slot retains
+#: the slot's wal_status, safe_wal_size, the server's WAL position (replayed, on a standby) and
+#: the WAL the slot retains
 SLOT_HEALTH_SQL = (
-    "SELECT wal_status, safe_wal_size, pg_current_wal_lsn()::text, "
-    "pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 "
-    "FROM pg_replication_slots WHERE slot_name = $1"
+    "SELECT wal_status, safe_wal_size, w.lsn::text, pg_wal_lsn_diff(w.lsn, restart_lsn)::int8 "
+    "FROM pg_replication_slots, (SELECT CASE WHEN pg_is_in_recovery() "
+    "THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w "
+    "WHERE slot_name = $1"
 )

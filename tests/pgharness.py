@@ -880,3 +880,136 @@ def create_database(cluster: PgCluster, name: str | None = None) -> PgDatabase:
     name = name or unique_name("cdcd")
     cluster.execute(f"CREATE DATABASE {quote_ident(name)} TEMPLATE template0")
     return PgDatabase(cluster, name)
+
+
+# --------------------------------------------------------------------------- primary + standby
+
+
+class PgPair:
+    """A primary and a physical standby made from it with ``pg_basebackup -R``, set up for
+    failover slots (PostgreSQL 17+; docs "Logical Replication Failover", 29.3; on 16 only the
+    physical slot and ``hot_standby_feedback``, for logical decoding on the standby):
+
+    * the standby streams through physical slot ``standby1`` (``primary_slot_name``), with
+      ``hot_standby_feedback`` and ``sync_replication_slots`` on and a ``dbname`` in
+      ``primary_conninfo`` (the slot sync worker needs one);
+    * the primary lists ``standby1`` in ``synchronized_standby_slots``, so logical walsenders
+      send nothing the standby has not received.
+
+    :meth:`promote` makes the standby the primary (the old primary should be stopped first);
+    :meth:`switchover` stops the primary cleanly, then promotes. ``hosts_dsn`` is a libpq URL
+    naming both servers (primary first) with ``target_session_attrs``.
+    """
+
+    STANDBY_SLOT = "standby1"
+
+    def __init__(self, install: PgInstall, settings: dict[str, Any] | None = None) -> None:
+        self.primary = PgCluster(install, settings=settings)
+        self.standby: PgCluster | None = None
+        self._settings = settings or {}
+
+    def start(self, dbname: str = "postgres") -> PgPair:
+        """Start the primary, create the physical slot, clone the standby and start it."""
+        primary = self.primary
+        slot_sync = primary.major >= 17  # failover slots; 16 only decodes on a standby
+        if slot_sync:
+            primary.set_settings(synchronized_standby_slots=self.STANDBY_SLOT)
+        primary.start()
+        primary.add_hba(f"host replication all {HOST}/32 trust")
+        primary.execute(
+            f"SELECT pg_create_physical_replication_slot({quote_literal(self.STANDBY_SLOT)})"
+        )
+        standby = PgCluster(primary.install, settings=self._settings)
+        standby.data_dir.mkdir(mode=0o700)
+        _chown(standby.data_dir)
+        _run(
+            [
+                primary.bin("pg_basebackup"),
+                "-D",
+                standby.data_dir,
+                "-d",
+                f"host={HOST} port={primary.port} user={SUPERUSER} dbname={dbname}",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ]
+        )
+        standby._initialized = True
+        standby.set_settings(primary_slot_name=self.STANDBY_SLOT, hot_standby_feedback=True)
+        if slot_sync:
+            standby.set_settings(sync_replication_slots=True, synchronized_standby_slots=None)
+        self.standby = standby
+        standby.start()
+        return self
+
+    def hosts_dsn(self, dbname: str, target_session_attrs: str = "primary", **params: Any) -> str:
+        """``postgresql://postgres@127.0.0.1:P1,127.0.0.1:P2/db?target_session_attrs=...``."""
+        assert self.standby is not None
+        hosts = f"{HOST}:{self.primary.port},{HOST}:{self.standby.port}"
+        query = urlencode(
+            {"target_session_attrs": target_session_attrs, **{k: str(v) for k, v in params.items()}}
+        )
+        return f"postgresql://{SUPERUSER}@{hosts}/{quote(dbname, safe='')}?{query}"
+
+    def wait_replayed(self, timeout: float = 30) -> None:
+        """Wait until the standby has replayed everything the primary has written so far."""
+        assert self.standby is not None
+        target = self.primary.fetchval("SELECT pg_current_wal_lsn()::text")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.standby.fetchval(
+                f"SELECT pg_last_wal_replay_lsn() >= {quote_literal(target)}::pg_lsn"
+            )
+            if done:
+                return
+            time.sleep(0.05)
+        raise PgHarnessError(f"the standby did not replay up to {target} within {timeout} s")
+
+    def wait_slot_synced(self, slot: str, dbname: str, timeout: float = 60) -> None:
+        """Wait until the standby has ``slot`` as a synchronised, usable slot whose confirmed
+        position has reached the primary's."""
+        assert self.standby is not None
+        lit = quote_literal(slot)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            want = self.primary.fetchval(
+                f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = {lit}"
+            )
+            row = self.standby.fetch(
+                "SELECT synced, NOT temporary, invalidation_reason IS NULL, "
+                f"confirmed_flush_lsn >= {quote_literal(want or '0/0')}::pg_lsn "
+                f"FROM pg_replication_slots WHERE slot_name = {lit}"
+            )
+            if want and row and all(row[0]):
+                return
+            time.sleep(0.2)
+        raise PgHarnessError(f"slot {slot!r} was not synchronised to the standby in {timeout} s")
+
+    def promote(self) -> PgCluster:
+        """``pg_ctl promote`` the standby (waits); it becomes :attr:`primary`, and the old
+        primary is returned (stopped or not, as the caller left it)."""
+        assert self.standby is not None
+        standby = self.standby
+        _run([standby.bin("pg_ctl"), "-D", standby.data_dir, "-w", "-t", "60", "promote"])
+        old, self.primary, self.standby = self.primary, standby, None
+        return old
+
+    def switchover(self) -> PgCluster:
+        """A planned switchover: stop the primary cleanly (its WAL reaches the standby), then
+        promote the standby. Returns the old primary, stopped."""
+        self.primary.stop("fast")
+        return self.promote()
+
+    def destroy(self) -> None:
+        for cluster in (self.primary, self.standby):
+            if cluster is not None:
+                cluster.destroy()
+
+    def __enter__(self) -> PgPair:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()

@@ -60,6 +60,7 @@ class Supervisor:
                     failing_since = None
                 stats.connected = False
                 stats.streaming = False
+                stats.waiting_for = str(exc)
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if src.give_up_after is not None and now - failing_since > src.give_up_after:

@@ -38,13 +38,14 @@ from typing import Literal, cast
 import structlog
 
 from cdcd.errors import (
-    ConfigError,
     DefiniteSourceError,
     LocalProtocolError,
     RemoteProtocolError,
     TransientSourceError,
 )
-from cdcd.lsn import Progress, format_lsn, parse_lsn, unix_to_pg_us
+from cdcd.lsn import Progress, parse_lsn, unix_to_pg_us
+from cdcd.replication.hosts import Role, connect_first
+from cdcd.replication.sql import create_slot_sql, publication_names_option, start_replication_sql
 from cdcd.wire import frontend
 from cdcd.wire import session as wire
 from cdcd.wire.copydata import (
@@ -104,62 +105,6 @@ class SlotCreated:
     consistent_point: int
     snapshot_name: str | None
     output_plugin: str | None
-
-
-def publication_names_option(names: str | Sequence[str]) -> str:
-    """The ``publication_names`` value: a comma list of quoted identifiers."""
-    if isinstance(names, str):
-        names = [names]
-    if not names:
-        raise ConfigError("publication_names: at least one publication is needed")
-    return ",".join(frontend.quote_ident(n) for n in names)
-
-
-def start_replication_sql(
-    slot: str, start_lsn: int, options: Mapping[str, str | Sequence[str]]
-) -> str:
-    """``START_REPLICATION SLOT "slot" LOGICAL X/Y ("name" 'value', ...)``.
-
-    Option names are quoted identifiers, values string literals. ``publication_names`` given
-    as a list is formatted with :func:`publication_names_option`; given as a string it is used
-    as is (so callers may pass ``'"pub"'`` already quoted; an unquoted name is folded to lower
-    case by the server).
-    """
-    parts = []
-    for name, value in options.items():
-        if not isinstance(value, str):
-            value = publication_names_option(value)
-        parts.append(f"{frontend.quote_ident(name)} {frontend.quote_literal(value)}")
-    sql = f"START_REPLICATION SLOT {frontend.quote_ident(slot)} LOGICAL {format_lsn(start_lsn)}"
-    return f"{sql} ({', '.join(parts)})" if parts else sql
-
-
-def create_slot_sql(
-    name: str,
-    server_version: int,
-    *,
-    two_phase: bool = False,
-    snapshot: Literal["nothing", "export", "use"] = "nothing",
-    temporary: bool = False,
-) -> str:
-    """CREATE_REPLICATION_SLOT for pgoutput, in the syntax the server version understands."""
-    head = f"CREATE_REPLICATION_SLOT {frontend.quote_ident(name)}"
-    if temporary:
-        head += " TEMPORARY"
-    head += " LOGICAL pgoutput"
-    if snapshot not in ("nothing", "export", "use"):
-        raise ConfigError(f"snapshot must be nothing, export or use, not {snapshot!r}")
-    if server_version >= 150000:
-        opts = [f"SNAPSHOT {frontend.quote_literal(snapshot)}"]
-        if two_phase:
-            opts.insert(0, "TWO_PHASE true")
-        return f"{head} ({', '.join(opts)})"
-    if two_phase:
-        raise ConfigError(
-            f"two_phase slots need PostgreSQL 15 or later (the server is {server_version // 10000})"
-        )
-    keyword = {"nothing": "NOEXPORT_SNAPSHOT", "export": "EXPORT_SNAPSHOT", "use": "USE_SNAPSHOT"}
-    return f"{head} {keyword[snapshot]}"
 
 
 class _Protocol(asyncio.Protocol):
@@ -318,17 +263,23 @@ class ReplicationClient:
         """Open, encrypt as ``params.sslmode`` says, authenticate, wait for ReadyForQuery.
 
         ``application_name`` defaults to the DSN's, else ``cdcd``; ``connect_timeout`` to the
-        DSN's, else 10 s; it bounds the whole start-up (TCP, TLS, authentication).
+        DSN's, else 10 s; it bounds the start-up (TCP, TLS, authentication) of each host.
+        With several hosts they are tried in order until one suits ``target_session_attrs``
+        (:mod:`cdcd.replication.hosts`).
         """
         timeout = connect_timeout if connect_timeout is not None else params.connect_timeout or 10.0
         name = application_name or params.application_name or "cdcd"
-        try:
-            async with asyncio.timeout(timeout):
-                return await cls._connect(params, name, extra_gucs, status_interval)
-        except TimeoutError:
-            raise TransientSourceError(
-                f"timed out after {timeout:g}s connecting to {params.describe()}"
-            ) from None
+
+        async def open_one(host: ConnParams) -> ReplicationClient:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await cls._connect(host, name, extra_gucs, status_interval)
+            except TimeoutError:
+                raise TransientSourceError(
+                    f"timed out after {timeout:g}s connecting to {host.describe()}"
+                ) from None
+
+        return await connect_first(params, open_one, _role, _discard)
 
     @classmethod
     async def _connect(
@@ -500,6 +451,11 @@ class ReplicationClient:
         return self._session.buffered + len(self._protocol.raw)
 
     @property
+    def in_hot_standby(self) -> bool:
+        """Whether the server is a standby (its ``in_hot_standby`` parameter, 14+)."""
+        return self._session.parameters.get("in_hot_standby") == "on"
+
+    @property
     def backend_pid(self) -> int | None:
         return self._session.backend_pid
 
@@ -547,10 +503,16 @@ class ReplicationClient:
         two_phase: bool = False,
         snapshot: Literal["nothing", "export", "use"] = "nothing",
         temporary: bool = False,
+        failover: bool = False,
     ) -> SlotCreated:
         """Create a pgoutput slot; :class:`SlotExists` if one of that name exists."""
         sql = create_slot_sql(
-            name, self.server_version, two_phase=two_phase, snapshot=snapshot, temporary=temporary
+            name,
+            self.server_version,
+            two_phase=two_phase,
+            snapshot=snapshot,
+            temporary=temporary,
+            failover=failover,
         )
         columns, rows = await self._query(sql)
         row = dict(zip(columns, rows[0], strict=True))
@@ -560,6 +522,12 @@ class ReplicationClient:
             snapshot_name=row.get("snapshot_name"),
             output_plugin=row.get("output_plugin"),
         )
+
+    async def alter_slot_failover(self, name: str, failover: bool) -> None:
+        """ALTER_REPLICATION_SLOT ... (FAILOVER ...) (17+). Never on a connection that
+        exported a snapshot still in use: it would destroy the snapshot."""
+        value = "true" if failover else "false"
+        await self._query(f"ALTER_REPLICATION_SLOT {frontend.quote_ident(name)} (FAILOVER {value})")
 
     async def drop_slot(self, name: str, wait: bool = True) -> None:
         """DROP_REPLICATION_SLOT; with ``wait`` (13+) it waits for an active consumer to go."""
@@ -769,6 +737,22 @@ class ReplicationClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+async def _role(client: ReplicationClient) -> Role:
+    """(in hot standby, read only by default) from the start-up parameters; before 14,
+    which does not report ``in_hot_standby``, from ``pg_is_in_recovery()``."""
+    reported = client._session.parameters
+    standby = reported.get("in_hot_standby")
+    if standby is None:
+        rows = await client.simple_query("SELECT pg_catalog.pg_is_in_recovery()")
+        standby = "on" if rows and rows[0][0] == "t" else "off"
+    read_only = reported.get("default_transaction_read_only", "off")
+    return standby == "on", read_only == "on"
+
+
+async def _discard(client: ReplicationClient) -> None:
+    await client.close()
 
 
 def _xlog_tuple(message: XLogData) -> XLogTuple:

@@ -6,8 +6,8 @@ PostgreSQL docs, "pg_replication_slots" (catalog views 54.19), "pg_publication" 
 
 Everything takes an open asyncpg connection (``conn``) on the source database. Which columns
 of ``pg_replication_slots`` exist depends on the server version: ``wal_status``/
-``safe_wal_size`` since 13, ``two_phase`` 14, ``conflicting`` 16, ``invalidation_reason`` 17;
-absent ones read as None.
+``safe_wal_size`` since 13, ``two_phase`` 14, ``conflicting`` 16, ``invalidation_reason``,
+``failover``, ``synced`` and ``inactive_since`` 17; absent ones read as None.
 
 Errors: asyncpg's exceptions are translated here (one place) through the same SQLSTATE
 classification as the replication connection (:func:`cdcd.wire.session.source_error`);
@@ -49,6 +49,8 @@ class SlotInfo:
     two_phase: bool | None = None
     conflicting: bool | None = None
     invalidation_reason: str | None = None
+    failover: bool | None = None
+    synced: bool | None = None
 
     @property
     def exists(self) -> bool:
@@ -86,6 +88,13 @@ async def server_version(conn: Any) -> int:
     return int(await _run("server_version_num", lambda: conn.fetchval("SHOW server_version_num")))
 
 
+async def in_recovery(conn: Any) -> bool:
+    """Whether the server behind ``conn`` is a standby."""
+    return bool(
+        await _run("pg_is_in_recovery()", lambda: conn.fetchval("SELECT pg_is_in_recovery()"))
+    )
+
+
 async def slot_info(conn: Any, name: str) -> SlotInfo | None:
     """The slot called ``name``, or None when there is none."""
     version = await server_version(conn)
@@ -95,6 +104,8 @@ async def slot_info(conn: Any, name: str) -> SlotInfo | None:
         ("two_phase", 140000),
         ("conflicting", 160000),
         ("invalidation_reason", 170000),
+        ("failover", 170000),
+        ("synced", 170000),
     ]
     extra = "".join(f", {col}" for col, since in optional if version >= since)
     sql = (
@@ -121,6 +132,8 @@ async def slot_info(conn: Any, name: str) -> SlotInfo | None:
         two_phase=values.get("two_phase"),
         conflicting=values.get("conflicting"),
         invalidation_reason=values.get("invalidation_reason"),
+        failover=values.get("failover"),
+        synced=values.get("synced"),
     )
 
 
@@ -206,3 +219,54 @@ async def check_privileges(conn: Any, user: str | None = None) -> dict[str, bool
     }
     result["can_replicate"] = result["rolreplication"] or result["rolsuper"]
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverSetup:
+    """What protects a failover slot on the primary (17+): the physical slots listed in
+    ``synchronized_standby_slots`` (logical walsenders send nothing before those standbys
+    received it) and which of them a standby is streaming from right now."""
+
+    synchronized_standby_slots: tuple[str, ...]
+    active: tuple[str, ...]
+    in_recovery: bool
+    #: physical slots on the server: a standby that synchronises slots streams through one
+    physical_slots: int = 0
+
+    @property
+    def protected(self) -> bool:
+        return bool(self.synchronized_standby_slots)
+
+
+async def failover_setup(conn: Any) -> FailoverSetup | None:
+    """The failover set-up of the server behind ``conn``; None before 17."""
+    if await server_version(conn) < 170000:
+        return None
+
+    async def read() -> FailoverSetup:
+        listed = str(await conn.fetchval("SHOW synchronized_standby_slots") or "")
+        names = tuple(n.strip().strip('"') for n in listed.split(",") if n.strip())
+        active = await conn.fetch(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_type = 'physical' "
+            "AND active AND slot_name = ANY($1::text[]) ORDER BY 1",
+            list(names),
+        )
+        in_recovery = bool(await conn.fetchval("SELECT pg_is_in_recovery()"))
+        physical = await conn.fetchval(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'physical'"
+        )
+        return FailoverSetup(names, tuple(r[0] for r in active), in_recovery, int(physical))
+
+    return await _run("reading the failover set-up", read)
+
+
+async def idle_slot_timeout(conn: Any) -> str | None:
+    """``idle_replication_slot_timeout`` (18+; "0" when off), None before 18."""
+    if await server_version(conn) < 180000:
+        return None
+    return str(
+        await _run(
+            "SHOW idle_replication_slot_timeout",
+            lambda: conn.fetchval("SHOW idle_replication_slot_timeout"),
+        )
+    )

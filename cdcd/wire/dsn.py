@@ -12,13 +12,21 @@ Both forms of a connection string are accepted:
   rules: spaces around ``=`` allowed, values in single quotes may hold spaces, a backslash
   escapes the next character (quoted or not).
 
+Several hosts, as libpq reads them (34.1.1.3 "Specifying Multiple Hosts"): ``host=a,b
+port=5432,5433`` (one port for all hosts, or one per host; an empty item is the default),
+``hostaddr`` likewise, and the URL form ``postgresql://a:5432,b:5433/db``.
+``target_session_attrs`` (``any``, ``read-write``, ``read-only``, ``primary``, ``standby``,
+``prefer-standby``) says which of them a connection may use; :meth:`ConnParams.each_host`
+gives the hosts in order and :func:`accepts` decides, from what the server reports, whether
+one will do (the connecting itself is :mod:`cdcd.replication.hosts`).
+
 Precedence, as in libpq: what the string says, then ``PG*`` environment variables, then
 defaults (host ``localhost``, port 5432, user = OS user, dbname = user, sslmode ``prefer``).
 The password, when neither string nor ``PGPASSWORD`` has one, comes from the password file
 (``passfile``/``PGPASSFILE``/``~/.pgpass``), which is ignored when group or world can read it.
 
 Invariants: the result is a frozen :class:`ConnParams`; its ``repr`` never shows the password;
-only one host is supported (several hosts are a :class:`ConfigError` saying so); unknown
+the password file is consulted per host; unknown
 keywords are a :class:`ConfigError` naming the keyword. This module reads files (password
 file, certificates for :func:`ssl_context`) but opens no sockets.
 """
@@ -38,6 +46,10 @@ from cdcd.errors import ConfigError
 
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
 SSL_MODES: tuple[str, ...] = get_args(SslMode)
+TargetSessionAttrs = Literal[
+    "any", "read-write", "read-only", "primary", "standby", "prefer-standby"
+]
+TARGET_SESSION_ATTRS: tuple[str, ...] = get_args(TargetSessionAttrs)
 
 DEFAULT_PORT = 5432
 
@@ -57,6 +69,7 @@ _ENV = {
     "connect_timeout": "PGCONNECT_TIMEOUT",
     "application_name": "PGAPPNAME",
     "options": "PGOPTIONS",
+    "target_session_attrs": "PGTARGETSESSIONATTRS",
 }
 
 #: libpq keywords cdcd accepts and ignores (they tune things cdcd does its own way).
@@ -75,7 +88,6 @@ _IGNORED = frozenset(
         "sslcrl",
         "sslcrldir",
         "sslsni",
-        "target_session_attrs",
         "tcp_user_timeout",
         "channel_binding",
     }
@@ -83,12 +95,29 @@ _IGNORED = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One host of a multi-host connection string, with the password that applies to it."""
+
+    host: str
+    port: int = DEFAULT_PORT
+    hostaddr: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def describe(self) -> str:
+        return f"{self.host}:{self.port}" if not self.hostaddr else f"{self.hostaddr}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
 class ConnParams:
-    """Everything needed to open a connection to one PostgreSQL server.
+    """Everything needed to open a connection to a PostgreSQL server.
 
     ``host`` starting with ``/`` is a Unix-socket directory. ``hostaddr`` (optional) is the
     numeric address to connect to while ``host`` stays the name checked against the server
     certificate. ``connect_timeout`` is seconds or None (wait as long as the OS does).
+
+    With several hosts, ``hosts`` lists them all in order (``host``/``port``/``hostaddr``/
+    ``password`` are the first one's); with one host ``hosts`` is empty.
+    ``target_session_attrs`` says which server a connection may use (see :func:`accepts`).
     """
 
     host: str = "localhost"
@@ -104,6 +133,8 @@ class ConnParams:
     connect_timeout: float | None = None
     application_name: str | None = None
     options: str | None = None
+    hosts: tuple[Endpoint, ...] = ()
+    target_session_attrs: TargetSessionAttrs = "any"
 
     def __repr__(self) -> str:
         shown = []
@@ -126,12 +157,33 @@ class ConnParams:
         return os.path.join(self.host, f".s.PGSQL.{self.port}")
 
     def describe(self) -> str:
-        """A password-free ``user@host:port/db`` for logs and error messages."""
-        where = self.host if not self.hostaddr else f"{self.host} ({self.hostaddr})"
-        return f"{self.user}@{where}:{self.port}/{self.dbname}"
+        """A password-free ``user@host:port/db`` (``user@a:1,b:2/db``) for logs and errors."""
+        if len(self.hosts) > 1:
+            where = ",".join(e.describe() for e in self.hosts)
+            return f"{self.user}@{where}/{self.dbname}"
+        host = self.host if not self.hostaddr else f"{self.host} ({self.hostaddr})"
+        return f"{self.user}@{host}:{self.port}/{self.dbname}"
 
     def with_password(self, password: str | None) -> ConnParams:
-        return replace(self, password=password)
+        hosts = tuple(replace(e, password=password) for e in self.hosts)
+        return replace(self, password=password, hosts=hosts)
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        """Every host, in the order connections try them."""
+        if self.hosts:
+            return self.hosts
+        return (Endpoint(self.host, self.port, self.hostaddr, self.password),)
+
+    def each_host(self) -> list[ConnParams]:
+        """One single-host :class:`ConnParams` per host, in order (libpq tries them so)."""
+        if not self.hosts:
+            return [self]
+        return [
+            replace(
+                self, host=e.host, port=e.port, hostaddr=e.hostaddr, password=e.password, hosts=()
+            )
+            for e in self.hosts
+        ]
 
     def to_asyncpg_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``asyncpg.connect`` opening the same server, same TLS rules."""
@@ -202,19 +254,7 @@ def parse_dsn(
 
 
 def _build(values: dict[str, str], env: Mapping[str, str], use_passfile: bool) -> ConnParams:
-    host = values.get("host") or "localhost"
-    if "," in host or "," in values.get("port", "") or "," in values.get("hostaddr", ""):
-        raise ConfigError(
-            f"several hosts are not supported (host={host!r}): give cdcd the primary's address"
-        )
-    port_text = values.get("port") or str(DEFAULT_PORT)
-    try:
-        port = int(port_text)
-        if not 0 < port < 65536:
-            raise ValueError
-    except ValueError:
-        raise ConfigError(f"invalid port {port_text!r} in the connection string") from None
-
+    endpoints = _endpoints(values)
     user = values.get("user") or _os_user()
     dbname = values.get("dbname") or user
 
@@ -242,13 +282,21 @@ def _build(values: dict[str, str], env: Mapping[str, str], use_passfile: bool) -
         # libpq: 0 (or negative) means wait indefinitely; values below 2 act as 2.
         timeout = None if timeout <= 0 else max(timeout, 2.0)
 
+    target = values.get("target_session_attrs") or "any"
+    if target not in TARGET_SESSION_ATTRS:
+        raise ConfigError(
+            f"invalid target_session_attrs {target!r}: expected one of "
+            f"{', '.join(TARGET_SESSION_ATTRS)}"
+        )
+
+    first = endpoints[0]
     params = ConnParams(
-        host=host,
-        port=port,
+        host=first.host,
+        port=first.port,
         dbname=dbname,
         user=user,
         password=values.get("password"),
-        hostaddr=values.get("hostaddr") or None,
+        hostaddr=first.hostaddr,
         sslmode=cast(SslMode, sslmode_text),
         sslrootcert=sslrootcert,
         sslcert=values.get("sslcert") or None,
@@ -256,12 +304,64 @@ def _build(values: dict[str, str], env: Mapping[str, str], use_passfile: bool) -
         connect_timeout=timeout,
         application_name=values.get("application_name") or None,
         options=values.get("options") or None,
+        target_session_attrs=cast(TargetSessionAttrs, target),
     )
-    if params.password is None and use_passfile:
-        passfile = values.get("passfile") or _default_passfile(env)
-        if passfile:
-            params = params.with_password(lookup_pgpass(passfile, params))
-    return params
+    passfile = values.get("passfile") or _default_passfile(env)
+    if params.password is not None or not use_passfile or not passfile:
+        passwords = [params.password] * len(endpoints)
+    else:  # the password file is read per host, as libpq does
+        passwords = [
+            lookup_pgpass(passfile, replace(params, host=e.host, port=e.port)) for e in endpoints
+        ]
+    hosts = tuple(replace(e, password=pw) for e, pw in zip(endpoints, passwords, strict=True))
+    return replace(params, password=passwords[0], hosts=hosts if len(hosts) > 1 else ())
+
+
+def _endpoints(values: dict[str, str]) -> list[Endpoint]:
+    """The hosts of ``host``/``hostaddr``/``port`` (comma lists, libpq's matching rules)."""
+    names = values["host"].split(",") if values.get("host") else None
+    addrs = values["hostaddr"].split(",") if values.get("hostaddr") else None
+    if names is not None and addrs is not None and len(names) != len(addrs):
+        raise ConfigError(
+            f"could not match {len(names)} host names to {len(addrs)} hostaddr values "
+            "in the connection string"
+        )
+    count = len(names or addrs or [""])
+    ports = (values.get("port") or "").split(",")
+    if len(ports) == 1:
+        ports *= count
+    elif len(ports) != count:
+        raise ConfigError(
+            f"could not match {len(ports)} port numbers to {count} hosts in the connection string"
+        )
+    endpoints = []
+    for i in range(count):
+        port_text = ports[i].strip() or str(DEFAULT_PORT)
+        try:
+            port = int(port_text)
+            if not 0 < port < 65536:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"invalid port {port_text!r} in the connection string") from None
+        host = (names[i] if names else "") or "localhost"
+        endpoints.append(Endpoint(host, port, (addrs[i] if addrs else "") or None))
+    return endpoints
+
+
+def accepts(target: str, *, in_hot_standby: bool, read_only: bool) -> bool:
+    """Whether a server suits ``target_session_attrs`` (libpq's meaning): ``read_only`` is
+    ``default_transaction_read_only``, ``in_hot_standby`` whether it is a standby.
+    ``prefer-standby`` accepts a standby here; failing one, any server will do (a second
+    pass with ``any``)."""
+    if target in ("primary", "read-write") and in_hot_standby:
+        return False
+    if target in ("standby", "prefer-standby"):
+        return in_hot_standby
+    if target == "read-write":
+        return not read_only
+    if target == "read-only":
+        return read_only or in_hot_standby
+    return True
 
 
 def _os_user() -> str:
@@ -357,23 +457,23 @@ def _parse_url(url: str) -> dict[str, str]:
             out["user"] = _decode(user, "user")
         if colon:
             out["password"] = _decode(password, "password")
-    if "," in authority:
-        raise ConfigError(
-            f"several hosts are not supported ({authority!r}): give cdcd the primary's address"
-        )
-    if authority.startswith("["):
-        host, bracket, after = authority[1:].partition("]")
-        if not bracket:
-            raise ConfigError("missing ']' after an IPv6 host in the connection URL")
-        if after and not after.startswith(":"):
-            raise ConfigError(f"unexpected {after!r} after the IPv6 host in the connection URL")
-        port = after[1:]
-    else:
-        host, _, port = authority.partition(":")
-    if host:
-        out["host"] = _decode(host, "host")
-    if port:
-        out["port"] = _decode(port, "port")
+    hosts, ports = [], []
+    for spec in authority.split(","):  # host[:port], one per host (libpq 34.1.1.3)
+        if spec.startswith("["):
+            host, bracket, after = spec[1:].partition("]")
+            if not bracket:
+                raise ConfigError("missing ']' after an IPv6 host in the connection URL")
+            if after and not after.startswith(":"):
+                raise ConfigError(f"unexpected {after!r} after the IPv6 host in the connection URL")
+            port = after[1:]
+        else:
+            host, _, port = spec.partition(":")
+        hosts.append(_decode(host, "host"))
+        ports.append(_decode(port, "port"))
+    if any(hosts):
+        out["host"] = ",".join(hosts)
+    if any(ports):
+        out["port"] = ",".join(ports)
     if slash and path:
         out["dbname"] = _decode(path, "database name")
     if query:

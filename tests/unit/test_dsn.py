@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cdcd.errors import ConfigError
-from cdcd.wire.dsn import ConnParams, lookup_pgpass, parse_dsn, ssl_context
+from cdcd.wire.dsn import ConnParams, Endpoint, accepts, lookup_pgpass, parse_dsn, ssl_context
 
 BASE_ENV = {"HOME": "/nonexistent-home"}
 
@@ -131,8 +131,10 @@ def test_environment_defaults_and_precedence() -> None:
 @pytest.mark.parametrize(
     ("dsn", "message"),
     [
-        ("postgresql://h1,h2/db", "several hosts"),
-        ("host=h1,h2", "several hosts"),
+        ("host=a,b,c port=1,2", "could not match 2 port numbers to 3 hosts"),
+        ("host=a,b hostaddr=10.0.0.1", "could not match 2 host names to 1 hostaddr"),
+        ("postgresql://a:1,b:x/db", "invalid port 'x'"),
+        ("host=a,b target_session_attrs=master", "invalid target_session_attrs 'master'"),
         ("host=h bogus=1", "'bogus'"),
         ("host", 'missing "="'),
         ("password='abc", "unterminated"),
@@ -236,3 +238,101 @@ def test_ssl_context_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert ctx is not None and ctx.verify_mode == ssl.CERT_REQUIRED and not ctx.check_hostname
     ctx = ssl_context(parse(f"sslmode=verify-full sslrootcert={ca_path}", use_passfile=False))
     assert ctx is not None and ctx.check_hostname
+
+
+# --------------------------------------------------------------------------- several hosts
+
+
+def hosts(params: ConnParams) -> list[tuple[str, int, str | None]]:
+    return [(e.host, e.port, e.hostaddr) for e in params.endpoints()]
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("host=a,b port=5432,5433", [("a", 5432, None), ("b", 5433, None)]),
+        ("host=a,b port=6000", [("a", 6000, None), ("b", 6000, None)]),
+        ("host=a,b", [("a", 5432, None), ("b", 5432, None)]),
+        ("host=a,b port=,5433", [("a", 5432, None), ("b", 5433, None)]),
+        ("host=a,,c", [("a", 5432, None), ("localhost", 5432, None), ("c", 5432, None)]),
+        (
+            "host=a,b hostaddr=10.0.0.1,10.0.0.2",
+            [("a", 5432, "10.0.0.1"), ("b", 5432, "10.0.0.2")],
+        ),
+        ("postgresql://a:5432,b:5433/db", [("a", 5432, None), ("b", 5433, None)]),
+        ("postgresql://a,b:5433/db", [("a", 5432, None), ("b", 5433, None)]),
+        ("postgresql://a,b/db?port=7000", [("a", 7000, None), ("b", 7000, None)]),
+        ("postgresql://[::1]:5432,[::2]:5433/db", [("::1", 5432, None), ("::2", 5433, None)]),
+        ("postgresql://u:pw@a:1,b:2/db", [("a", 1, None), ("b", 2, None)]),
+        ("postgresql:///db?host=a,b&port=1,2", [("a", 1, None), ("b", 2, None)]),
+        ("postgresql://a:5432/db", [("a", 5432, None)]),
+    ],
+)
+def test_several_hosts(dsn: str, expected: list[tuple[str, int, str | None]]) -> None:
+    params = parse(dsn, use_passfile=False)
+    assert hosts(params) == expected
+    assert [(p.host, p.port, p.hostaddr) for p in params.each_host()] == expected
+    assert all(not p.hosts for p in params.each_host())
+    assert (params.host, params.port) == expected[0][:2]  # the first host's, for messages
+
+
+def test_several_hosts_from_the_environment() -> None:
+    params = parse("dbname=x", {"PGHOST": "a,b", "PGPORT": "1,2"}, use_passfile=False)
+    assert hosts(params) == [("a", 1, None), ("b", 2, None)]
+    assert params.target_session_attrs == "any"
+    env = {"PGTARGETSESSIONATTRS": "primary"}
+    assert parse("host=a,b", env, use_passfile=False).target_session_attrs == "primary"
+    assert parse("host=a target_session_attrs=standby", env).target_session_attrs == "standby"
+
+
+@pytest.mark.parametrize(
+    "attrs", ["any", "read-write", "read-only", "primary", "standby", "prefer-standby"]
+)
+def test_target_session_attrs_values(attrs: str) -> None:
+    url = parse(f"postgresql://a,b/db?target_session_attrs={attrs}", use_passfile=False)
+    kv = parse(f"host=a,b target_session_attrs={attrs}", use_passfile=False)
+    assert url.target_session_attrs == kv.target_session_attrs == attrs
+
+
+def test_several_hosts_describe_and_password() -> None:
+    params = parse("postgresql://cdc:pw@a:1,b:2/shop", use_passfile=False)
+    assert params.describe() == "cdc@a:1,b:2/shop"
+    assert "pw" not in repr(params)
+    assert [p.password for p in params.each_host()] == ["pw", "pw"]
+    assert [p.password for p in params.with_password("new").each_host()] == ["new", "new"]
+    assert params.each_host()[1].describe() == "cdc@b:2/shop"
+
+
+def test_several_hosts_password_file_per_host(tmp_path: Path) -> None:
+    passfile = _pgpass(tmp_path, "a:1:shop:cdc:for-a\nb:2:shop:cdc:for-b\n")
+    params = parse("host=a,b,c port=1,2,3 dbname=shop user=cdc", {"PGPASSFILE": str(passfile)})
+    assert [p.password for p in params.each_host()] == ["for-a", "for-b", None]
+    assert params.password == "for-a"
+    explicit = parse(
+        "host=a,b port=1,2 dbname=shop user=cdc password=x", {"PGPASSFILE": str(passfile)}
+    )
+    assert [p.password for p in explicit.each_host()] == ["x", "x"]
+
+
+def test_one_host_keeps_hosts_empty() -> None:
+    params = parse("host=a port=1", use_passfile=False)
+    assert params.hosts == ()
+    assert params.endpoints() == (Endpoint("a", 1),)
+    assert params.each_host() == [params]
+
+
+@pytest.mark.parametrize(
+    ("target", "primary", "read_only_primary", "standby"),
+    [
+        ("any", True, True, True),
+        ("primary", True, True, False),
+        ("read-write", True, False, False),
+        ("read-only", False, True, True),
+        ("standby", False, False, True),
+        ("prefer-standby", False, False, True),  # the first pass; the second takes any
+    ],
+)
+def test_accepts(target: str, primary: bool, read_only_primary: bool, standby: bool) -> None:
+    assert accepts(target, in_hot_standby=False, read_only=False) is primary
+    assert accepts(target, in_hot_standby=False, read_only=True) is read_only_primary
+    assert accepts(target, in_hot_standby=True, read_only=False) is standby
