@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pyarrow.dataset import dataset
 
 from cdcd.lsn import parse_lsn
 from tests.e2e import (
@@ -136,6 +137,14 @@ def test_jsonl_and_parquet_on_s3_match_the_local_sink(
         sorted((pq_mirror / "public.orders" / "_schema").iterdir())[1].name
         == sorted((local / "public.orders" / "_schema").iterdir())[1].name
     )
+    # read in place with pyarrow, as README "Reading with Spark" shows
+    table = dataset(f"{parquet}/public.orders", filesystem=s3.filesystem(), format="parquet")
+    rows = (
+        table.to_table()
+        .flatten()
+        .sort_by([("source.commit_lsn", "ascending"), ("source.seq", "ascending")])
+    )
+    assert rows.column("op").to_pylist() == [e["op"] for e in events]
     # nothing staged is left behind (the default staging folder, under the temp folder)
     assert not any(n.startswith(".") or "/." in n for n in keys)
 
