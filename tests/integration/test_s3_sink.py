@@ -35,10 +35,17 @@ from tests.e2e import (
     start_cdcd,
     write_config,
 )
-from tests.pgharness import PgDatabase
-from tests.s3harness import FailingProxy, S3Store, launch_s3
+from tests.pgharness import PgDatabase, PgInstall
+from tests.s3harness import FailingProxy, S3Store, launch_s3, skip_unless_newest_pg
 
 pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("s3")]
+
+
+@pytest.fixture(autouse=True)
+def _newest_pg_only(request: pytest.FixtureRequest) -> None:
+    if "pg_install" in request.fixturenames:
+        install: PgInstall = request.getfixturevalue("pg_install")
+        skip_unless_newest_pg(install.major, "the object storage test")
 
 
 @pytest.fixture(scope="module")
