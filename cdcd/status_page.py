@@ -112,6 +112,7 @@ def render(data: dict[str, Any]) -> bytes:
     lag_seconds = data["lag_seconds"]
     overview = "".join(
         [
+            _row("state", state, "state-row"),
             _row("slot", data["slot"], "slot"),
             _row("confirmed position", data["confirmed_lsn"], "confirmed"),
             _row("server WAL position", data["server_wal_lsn"] or "unknown", "server"),

@@ -37,6 +37,7 @@ def test_the_page_shows_every_figure() -> None:
     assert '<meta http-equiv="refresh" content="5">' in page
     for text in (
         '<td id="slot">cdcd_main</td>',
+        '<td id="state-row">streaming</td>',
         '<td id="confirmed">0/1A2B3C4</td>',
         '<td id="server">0/1A2C000</td>',
         '<td id="lag-bytes">3.0 MiB</td>',
