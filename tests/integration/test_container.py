@@ -16,7 +16,6 @@ Containers use the host's network (``--network host``): dockerd runs here withou
 from __future__ import annotations
 
 import os
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -29,6 +28,7 @@ import yaml
 from cdcd.lsn import parse_lsn
 from tests.dockerharness import Engine, Image, build_image, missing_tools, start_engine
 from tests.e2e import assert_no_duplicates, read_events
+from tests.integration.test_crash_safety import wait_for
 from tests.pgharness import PgDatabase, PgInstall
 from tests.s3harness import free_port, skip_unless_newest_pg
 
@@ -125,14 +125,6 @@ def http_status(url: str) -> int:
         return 0
 
 
-def wait_until(condition: object, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.5)
-
-
 def test_check_run_probes_and_stop(
     engine: Engine, image: Image, pg_db: PgDatabase, tmp_path: Path
 ) -> None:
@@ -173,8 +165,8 @@ def test_check_run_probes_and_stop(
     engine.docker("run", "-d", "--name", name, *run_args, image.tag)
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: http_status(f"{base}/healthz") == 200, "/healthz")
-        wait_until(lambda: http_status(f"{base}/readyz") == 200, "/readyz (streaming)")
+        wait_for(lambda: http_status(f"{base}/healthz") == 200, "/healthz", 90)
+        wait_for(lambda: http_status(f"{base}/readyz") == 200, "/readyz (streaming)")
         top = engine.docker("top", name, "-o", "pid,uid,args").stdout.splitlines()
         assert any(line.split()[1] == str(UID) and "cdcd" in line for line in top[1:]), top
         pg_db.execute(
@@ -183,7 +175,7 @@ def test_check_run_probes_and_stop(
         )
         written = parse_lsn(pg_db.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
         out = data / "out"
-        wait_until(lambda: len(read_events(out, "public.orders")) >= 50 + 30 + 10 + 1, "events")
+        wait_for(lambda: len(read_events(out, "public.orders")) >= 50 + 30 + 10 + 1, "events", 90)
         assert "cdcd_events_total" in urllib.request.urlopen(f"{base}/metrics").read().decode()
         stop = engine.docker("stop", "-t", "40", name, timeout=90)
         assert stop.returncode == 0

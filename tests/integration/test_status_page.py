@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 
 from cdcd.lsn import format_lsn, parse_lsn
 from tests.e2e import start_cdcd, write_config
+from tests.integration.test_crash_safety import wait_for
 from tests.pgharness import PgDatabase, PgInstall
 from tests.s3harness import free_port, skip_unless_newest_pg
 
@@ -39,14 +39,6 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, ""
     except OSError:
         return 0, ""
-
-
-def wait_for(condition: object, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.3)
 
 
 def screenshot_text(url: str, tmp_path: Path) -> str:
