@@ -7,8 +7,8 @@
   (``python -m cdcd.accel status``);
 * with the config mounted at ``/etc/cdcd/cdcd.yaml`` and a data folder at ``/var/lib/cdcd``
   (README "Operating cdcd"), ``check`` passes against a test PostgreSQL and ``run`` streams
-  its changes into files; ``/healthz`` and ``/readyz`` answer 200 while it streams;
-  ``docker stop`` drains (files published, position confirmed) and the exit code is 0.
+  its changes into files; ``/healthz``, ``/readyz``, ``/metrics`` and the status page ``/``
+  answer while it streams; ``docker stop`` drains (files published, position confirmed) and the exit code is 0.
 
 Containers use the host's network (``--network host``): dockerd runs here without a bridge.
 """
@@ -177,6 +177,8 @@ def test_check_run_probes_and_stop(
         out = data / "out"
         wait_for(lambda: len(read_events(out, "public.orders")) >= 50 + 30 + 10 + 1, "events", 90)
         assert "cdcd_events_total" in urllib.request.urlopen(f"{base}/metrics").read().decode()
+        page = urllib.request.urlopen(f"{base}/").read().decode()  # the status page
+        assert '<td id="slot">cdcd_docker</td>' in page and "public.orders" in page, page
         stop = engine.docker("stop", "-t", "40", name, timeout=90)
         assert stop.returncode == 0
         state = engine.docker("inspect", name, "--format", "{{.State.ExitCode}}").stdout.strip()
