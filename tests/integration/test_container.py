@@ -32,7 +32,13 @@ from tests.integration.test_crash_safety import wait_for
 from tests.pgharness import PgDatabase, PgInstall
 from tests.s3harness import free_port, skip_unless_newest_pg
 
-pytestmark = [pytest.mark.pg, pytest.mark.slow, pytest.mark.xdist_group("docker")]
+#: the first test waits for the image: debootstrap and the build take minutes on 2 busy cores
+pytestmark = [
+    pytest.mark.pg,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("docker"),
+    pytest.mark.timeout(1800),
+]
 
 UID = 10001
 
