@@ -139,20 +139,14 @@ def pick_base(engine: Engine) -> str:
 
 
 def build_image(engine: Engine, tag: str, extra: Sequence[str] = ()) -> Image:
+    """Build ``tag``. The build stage is tagged too (``<tag>-build``), so that pruning dangling
+    images keeps both stages' layers: the next build reuses them up to the first change."""
     base = pick_base(engine)
     started = time.monotonic()
-    engine.docker(
-        "build",
-        "--network",
-        "host",
-        "--build-arg",
-        f"PYTHON_IMAGE={base}",
-        "-t",
-        tag,
-        *extra,
-        str(REPO),
-        timeout=1800,
-    )
+    common = ["build", "--network", "host", "--build-arg", f"PYTHON_IMAGE={base}", *extra]
+    engine.docker(*common, "--target", "build", "-t", f"{tag}-build", str(REPO), timeout=1800)
+    engine.docker(*common, "-t", tag, str(REPO), timeout=1800)
+    engine.docker("image", "prune", "-f", check=False)  # what the tags no longer reach
     seconds = time.monotonic() - started
     size = int(engine.docker("image", "inspect", tag, "--format", "{{.Size}}").stdout.strip())
     return Image(tag, base, size, seconds)
