@@ -160,8 +160,9 @@ _ERROR_BODY = (
 class FailingProxy:
     """HTTP proxy on 127.0.0.1 in front of an S3 endpoint that fails chosen requests.
 
-    ``fail(n, status, code, methods)`` answers the next ``n`` requests whose method is in
-    ``methods`` (``n < 0``: every one, until ``fail(0)``) with ``status`` and an S3 error body;
+    ``fail(n, status, code, methods, after)`` lets ``after`` requests whose method is in
+    ``methods`` through, then answers the next ``n`` of them (``n < 0``: every one, until
+    ``fail(0)``) with ``status`` and an S3 error body;
     everything else is forwarded (one upstream connection per request). ``failed`` counts the
     requests answered with an error.
     """
@@ -176,6 +177,7 @@ class FailingProxy:
         self._status = 503
         self._code = "SlowDown"
         self._methods: frozenset[str] = frozenset({"PUT", "POST"})
+        self._after = 0
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -196,10 +198,12 @@ class FailingProxy:
         status: int = 503,
         code: str = "SlowDown",
         methods: tuple[str, ...] = ("PUT", "POST"),
+        after: int = 0,
     ) -> None:
         with self._lock:
             self._failing, self._status, self._code = n, status, code
             self._methods = frozenset(methods)
+            self._after = after
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -215,6 +219,9 @@ class FailingProxy:
     def _should_fail(self, method: str) -> tuple[int, str] | None:
         with self._lock:
             if self._failing == 0 or method not in self._methods:
+                return None
+            if self._after > 0:
+                self._after -= 1
                 return None
             if self._failing > 0:
                 self._failing -= 1

@@ -219,12 +219,18 @@ class ObjectStore:
         return sorted((i.path[cut:], i.size or 0) for i in infos if i.type == FileType.File)
 
     def upload(self, local: Path, name: str) -> None:
-        """Copy a complete local file to ``<prefix>/<name>``: visible only once complete."""
+        """Copy a complete local file to ``<prefix>/<name>``: visible only once complete.
+
+        The file is read whole before the upload starts (at most ``rollover_bytes``): pyarrow's
+        output stream cannot be aborted, and closing it, even on an error, would complete a
+        multipart upload, so nothing may fail between opening and closing it but the upload
+        itself. A part that fails fails the close, and the upload is never completed."""
         key = f"{self.root}/{name}"
+        data = local.read_bytes()
 
         def put() -> None:
-            with local.open("rb") as src, self.fs.open_output_stream(key) as dst:
-                shutil.copyfileobj(src, dst, 8 << 20)
+            with self.fs.open_output_stream(key) as dst:
+                dst.write(data)
 
         self.call("upload", key, put)
 

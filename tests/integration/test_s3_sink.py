@@ -24,7 +24,9 @@ import pytest
 import yaml
 from pyarrow.dataset import dataset
 
+from cdcd.errors import DefiniteSinkError
 from cdcd.lsn import parse_lsn
+from cdcd.sinks.storage import ObjectStorePublisher, StorageConfig
 from tests.e2e import (
     all_events,
     assert_no_duplicates,
@@ -235,6 +237,25 @@ def test_nothing_is_confirmed_while_uploads_fail(
     events = read_events(s3.download(prefix, tmp_path / "mirror"), "public.orders")
     assert len(events) == 10 * 2 + 1
     assert_no_duplicates(events)
+
+
+def test_a_failed_part_leaves_no_object(s3: S3Store, tmp_path: Path) -> None:
+    """A multipart upload whose second part is refused is never completed: no object."""
+    if s3.external or s3.endpoint is None:
+        pytest.skip("injecting HTTP errors needs the S3 server started by the tests")
+    prefix = s3.new_prefix()
+    local = tmp_path / "big.jsonl"
+    local.write_bytes(os.urandom(25 << 20))  # three parts
+    with FailingProxy(s3.endpoint) as proxy:
+        storage = StorageConfig.model_validate(s3.storage(proxy.endpoint))
+        store = ObjectStorePublisher(f"s3://{prefix}", storage).store
+        proxy.fail(1, 400, "InvalidArgument", methods=("PUT",), after=1)
+        with pytest.raises(DefiniteSinkError, match=r"cannot upload s3://.*key 'out/t/big.jsonl'"):
+            store.upload(local, "t/big.jsonl")
+        assert proxy.failed == 1
+        assert not s3.keys(prefix)
+        store.upload(local, "t/big.jsonl")  # and a whole upload is visible whole
+    assert s3.keys(prefix) == {"t/big.jsonl": 25 << 20}
 
 
 def test_missing_bucket_is_named(pg_db: PgDatabase, tmp_path: Path, s3: S3Store) -> None:
