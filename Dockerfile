@@ -22,6 +22,11 @@
 # the per-row modules with mypyc, then `python -m cdcd.accel status --strict`), except that
 # the image installs the project non-editable; tests/unit/test_dockerfile.py holds them equal.
 
+# The base of both stages. Where Docker Hub cannot be reached, `scripts/docker-base TAG` makes
+# a stand-in (Debian 12 with Python 3.11 by debootstrap, the machine's CA certificates, pip
+# pointed at the system bundle) to pass as --build-arg PYTHON_IMAGE=TAG; build with
+# --network host where containers have no bridge network. tests/integration/test_container.py
+# builds and runs the image this way.
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # -- build: a virtualenv with cdcd, its dependencies and its mypyc-compiled modules ----------

@@ -591,6 +591,7 @@ def _resolve_sink_paths(config: BaseModel, config_dir: Path) -> BaseModel:
         elif (
             isinstance(value, str)
             and value
+            and "://" not in value  # a URL (s3://bucket/prefix) is not a local path
             and (name == "path" or name.endswith(_PATH_FIELD_SUFFIXES))
         ):
             path = Path(value).expanduser()

@@ -1,10 +1,10 @@
 """The HTTP endpoint: ``/healthz`` (alive), ``/readyz`` (connected and streaming) and
-``/metrics`` (Prometheus text format).
+``/metrics`` (Prometheus text format), and a status page at ``/`` (cdcd.status_page).
 
 Metrics are read from the pipeline's statistics object (:class:`cdcd.stats.Stats`) when
 scraped (a custom collector), so the hot path only increments plain integers; the endpoint
 never touches the pipeline itself. The server is a deliberately tiny HTTP/1.1 responder on asyncio
-streams: three GET routes, no keep-alive, no dependencies beyond prometheus-client.
+streams: four GET routes, no keep-alive, no dependencies beyond prometheus-client.
 """
 
 from __future__ import annotations
@@ -194,6 +194,10 @@ class Health:
             return 503, body, "text/plain"
         if path == "/metrics":
             return 200, generate_latest(self.registry), "text/plain; version=0.0.4; charset=utf-8"
+        if path == "/":
+            from cdcd import status_page
+
+            return 200, status_page.render(status_page.collect(self.stats)), "text/html"
         return 404, b"not found\n", "text/plain"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -57,6 +57,8 @@ class SinkStats:
 class Stats:
     """Everything the pipeline reports. Written by its stages, read by anyone."""
 
+    name: str = ""  # the config's name
+    slot: str = ""
     received_bytes: int = 0
     received_messages: int = 0
     #: socket reads of the replication connection (all sessions)

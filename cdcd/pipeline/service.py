@@ -48,7 +48,7 @@ class Pipeline:
     def __init__(self, config: Config, *, endpos: int | None = None) -> None:
         self.config = config
         self.endpos = endpos
-        self.stats = Stats()
+        self.stats = Stats(name=config.name, slot=config.source.slot)
         self.sinks: list[Sink] = []
         self.assembler: Assembler | None = None
         self.writer: Writer | None = None

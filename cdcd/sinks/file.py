@@ -84,7 +84,8 @@ from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.events import ChangeEvent
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
-from cdcd.units import ByteSize, ConfigPath, Duration
+from cdcd.sinks.storage import ObjectStorePublisher, SinkPath, StorageConfig
+from cdcd.units import ByteSize, Duration
 
 Position = tuple[int, int]
 
@@ -104,7 +105,8 @@ class FileSinkConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: ConfigPath
+    #: a folder, or an object store URL such as s3://bucket/prefix (cdcd/sinks/storage.py)
+    path: SinkPath
     format: Literal["jsonl", "parquet"] = "jsonl"
     rollover_bytes: ByteSize = Field(default=128 * 1024 * 1024, gt=0)
     rollover_seconds: Duration = 60.0
@@ -113,6 +115,7 @@ class FileSinkConfig(BaseModel):
     transactions: bool = False
     compression: Literal["zstd", "snappy"] = "zstd"
     fsync: bool = True
+    storage: StorageConfig = Field(default_factory=StorageConfig)
 
 
 # --- names -----------------------------------------------------------------------------------
@@ -321,6 +324,9 @@ class Publisher:
     def sync(self) -> None:
         sync_folders(self.take_dirty(), self.fsync)
 
+    def publish_files(self, files: Sequence[tuple[TableWriter, Path]], dirty: set[Path]) -> None:
+        publish_files(files, dirty, self.fsync)
+
 
 def sync_folders(folders: Iterable[Path], fsync: bool) -> None:
     """fsync folders, deepest first (``_schema`` before its table, tables before the root), so
@@ -515,11 +521,18 @@ class FileSink(Sink):
         super().__init__()
         self.config = config
         self.context = context
-        path = Path(config.path)
-        self.root = path if path.is_absolute() else context.config_dir / path
         self.flush_interval = config.flush_interval  # read by the pipeline
         self.clock = clock
-        self.publisher = Publisher(config.fsync)
+        self.publisher: Publisher | ObjectStorePublisher
+        #: an object store: files are staged locally and uploaded to publish them
+        self.remote: ObjectStorePublisher | None = None
+        if isinstance(config.path, str):
+            self.publisher = self.remote = ObjectStorePublisher(config.path, config.storage)
+            self.root = self.remote.staging
+        else:
+            path = Path(config.path)
+            self.root = path if path.is_absolute() else context.config_dir / path
+            self.publisher = Publisher(config.fsync)
         self.open_folders: dict[Path, _Folder] = {}
         #: files closed for writing, waiting for the next publication job (in order)
         self.sealed: list[tuple[TableWriter, Path]] = []
@@ -552,6 +565,9 @@ class FileSink(Sink):
 
     def _recover(self) -> None:
         """Delete temporary files; find each folder's last published position and schemas."""
+        if self.remote is not None:
+            self._recovered = self.remote.recover()
+            return
         root = self.root
         self.publisher.make_dir(root)
         for folder in sorted(root.iterdir()):
@@ -781,7 +797,7 @@ class FileSink(Sink):
             self._unpublished += len(files)
             dirty = self.publisher.take_dirty()
             if files or dirty:
-                job = asyncio.to_thread(publish_files, files, dirty, self.publisher.fsync)
+                job = asyncio.to_thread(self.publisher.publish_files, files, dirty)
                 try:
                     with self._failing():
                         await job

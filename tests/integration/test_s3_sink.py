@@ -1,0 +1,293 @@
+"""The file sink on S3 (``path: s3://bucket/prefix``, cdcd/sinks/storage.py), end to end: the
+real ``cdcd`` against a real PostgreSQL and moto's S3 server on 127.0.0.1 (or the store named
+by ``CDCD_TEST_S3_URL``; the tests that inject HTTP errors need moto).
+
+* JSON Lines and Parquet on S3 hold exactly what the same sink writes to a local folder (same
+  object names, same bytes for JSON Lines, same events for Parquet), ``_schema`` files too;
+* a second run recovers from the listing and publishes nothing twice;
+* 503 SlowDown and 500 answers are retried with backoff, and while uploads fail nothing is
+  confirmed to PostgreSQL; once S3 answers again everything arrives, once;
+* a missing bucket and access denied stop cdcd with a message naming bucket and key.
+
+The crash loop (SIGKILL during uploads) is in test_s3_crash.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pyarrow.dataset import dataset
+
+from cdcd.errors import DefiniteSinkError
+from cdcd.lsn import parse_lsn
+from cdcd.sinks.storage import ObjectStorePublisher, StorageConfig
+from tests.e2e import (
+    all_events,
+    assert_no_duplicates,
+    comparable_event,
+    parquet_events,
+    read_events,
+    run_cdcd,
+    start_cdcd,
+    write_config,
+)
+from tests.pgharness import PgDatabase, PgInstall
+from tests.s3harness import FailingProxy, S3Store, launch_s3, skip_unless_newest_pg
+
+pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("s3")]
+
+
+@pytest.fixture(autouse=True)
+def _newest_pg_only(request: pytest.FixtureRequest) -> None:
+    if "pg_install" in request.fixturenames:
+        install: PgInstall = request.getfixturevalue("pg_install")
+        skip_unless_newest_pg(install.major, "the object storage test")
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Store]:
+    store = launch_s3()
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def s3_sink(
+    prefix: str, store: S3Store, endpoint: str | None = None, **options: Any
+) -> dict[str, Any]:
+    storage = store.storage(endpoint, **options.pop("storage", {}))
+    return {
+        "type": "file",
+        "path": f"s3://{prefix}",
+        "flush_interval": 0.2,
+        "storage": storage,
+        **options,
+    }
+
+
+def setup_source(db: PgDatabase, tmp_path: Path, sinks: list[dict[str, Any]]) -> Path:
+    db.execute(
+        "CREATE TABLE orders (id int PRIMARY KEY, item text, qty int);"
+        "CREATE PUBLICATION cdcd_e2e_pub FOR ALL TABLES"
+    )
+    cfg = write_config(tmp_path, db.dsn, sinks=sinks)
+    data = yaml.safe_load(cfg.read_text())
+    data["shutdown"] = {"grace_period": 20}
+    cfg.write_text(yaml.safe_dump(data))
+    run_cdcd("slot", "create", "--config", str(cfg))
+    return cfg
+
+
+def workload(db: PgDatabase, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        db.execute(
+            f"INSERT INTO orders VALUES ({i}, 'item {i}', {i % 7});"
+            f"UPDATE orders SET qty = qty + 1 WHERE id = {i}"
+        )
+    db.execute(f"DELETE FROM orders WHERE id = {start}")
+
+
+def run_to_now(db: PgDatabase, cfg: Path) -> None:
+    endpos = db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+    run_cdcd("run", "--config", str(cfg), "--endpos", endpos, timeout=180)
+
+
+def confirmed(db: PgDatabase) -> int:
+    return parse_lsn(
+        db.fetchval(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+            "WHERE slot_name = 'cdcd_e2e'"
+        )
+    )
+
+
+def test_jsonl_and_parquet_on_s3_match_the_local_sink(
+    pg_db: PgDatabase, tmp_path: Path, s3: S3Store
+) -> None:
+    jsonl, parquet = s3.new_prefix("jsonl"), s3.new_prefix("parquet")
+    cfg = setup_source(
+        pg_db,
+        tmp_path,
+        [
+            # files end at 40 rows and at the end of a run only: the same files everywhere
+            {"type": "file", "path": "local", "rollover_rows": 40, "flush_interval": "1h"},
+            s3_sink(jsonl, s3, rollover_rows=40, flush_interval="1h"),
+            s3_sink(parquet, s3, format="parquet", rollover_rows=40, flush_interval="1h"),
+        ],
+    )
+    workload(pg_db, 1, 60)
+    run_to_now(pg_db, cfg)
+    pg_db.execute("ALTER TABLE orders ADD COLUMN note text")  # a second _schema file
+    workload(pg_db, 100, 30)
+    run_to_now(pg_db, cfg)  # the second run recovers from the listing
+
+    local = tmp_path / "local"
+    names = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    keys = s3.keys(jsonl)
+    assert sorted(keys) == names, "the same objects as local files"
+    assert sum(n.endswith(".jsonl") for n in names) >= 5 and any("/_schema/" in n for n in names)
+    mirror = s3.download(jsonl, tmp_path / "mirror")
+    for name in names:
+        assert (mirror / name).read_bytes() == (local / name).read_bytes(), name
+    events = read_events(mirror, "public.orders")
+    assert len(events) == 60 * 2 + 1 + 30 * 2 + 1
+    assert_no_duplicates(all_events(mirror))
+
+    pq_mirror = s3.download(parquet, tmp_path / "pq-mirror")
+    assert [comparable_event(e) for e in events] == parquet_events(pq_mirror, "public.orders")
+    assert (
+        sorted((pq_mirror / "public.orders" / "_schema").iterdir())[1].name
+        == sorted((local / "public.orders" / "_schema").iterdir())[1].name
+    )
+    # read in place with pyarrow, as README "Reading with Spark" shows
+    table = dataset(f"{parquet}/public.orders", filesystem=s3.filesystem(), format="parquet")
+    rows = (
+        table.to_table()
+        .flatten()
+        .sort_by([("source.commit_lsn", "ascending"), ("source.seq", "ascending")])
+    )
+    assert rows.column("op").to_pylist() == [e["op"] for e in events]
+    # nothing staged is left behind (the default staging folder, under the temp folder)
+    assert not any(n.startswith(".") or "/." in n for n in keys)
+
+
+def test_throttling_and_server_errors_are_retried(
+    pg_db: PgDatabase, tmp_path: Path, s3: S3Store
+) -> None:
+    if s3.external or s3.endpoint is None:
+        pytest.skip("injecting HTTP errors needs the S3 server started by the tests")
+    prefix = s3.new_prefix()
+    with FailingProxy(s3.endpoint) as proxy:
+        cfg = setup_source(
+            pg_db,
+            tmp_path,
+            [
+                s3_sink(
+                    prefix,
+                    s3,
+                    proxy.endpoint,
+                    rollover_rows=25,
+                    storage={"retry_max_backoff": "1s"},
+                )
+            ],
+        )
+        workload(pg_db, 1, 50)
+        proxy.fail(6, 503, "SlowDown")
+        run_to_now(pg_db, cfg)
+        assert proxy.failed == 6
+        workload(pg_db, 100, 20)
+        proxy.fail(4, 500, "InternalError")
+        run_to_now(pg_db, cfg)
+        assert proxy.failed == 10
+    events = read_events(s3.download(prefix, tmp_path / "mirror"), "public.orders")
+    assert len(events) == 50 * 2 + 1 + 20 * 2 + 1
+    assert_no_duplicates(events)
+
+
+def test_nothing_is_confirmed_while_uploads_fail(
+    pg_db: PgDatabase, tmp_path: Path, s3: S3Store
+) -> None:
+    if s3.external or s3.endpoint is None:
+        pytest.skip("injecting HTTP errors needs the S3 server started by the tests")
+    prefix = s3.new_prefix()
+    with FailingProxy(s3.endpoint) as proxy:
+        cfg = setup_source(
+            pg_db,
+            tmp_path,
+            [s3_sink(prefix, s3, proxy.endpoint, storage={"retry_max_backoff": "1s"})],
+        )
+        data = yaml.safe_load(cfg.read_text())
+        data["source"]["status_interval"] = "1s"
+        cfg.write_text(yaml.safe_dump(data))
+        log = tmp_path / "cdcd.log"
+        proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+        try:
+            deadline = time.monotonic() + 60
+            while '"event":"streaming"' not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            before = confirmed(pg_db)
+            proxy.fail(-1, 503, "SlowDown")
+            workload(pg_db, 1, 10)
+            written = parse_lsn(pg_db.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+            time.sleep(6)
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert proxy.failed >= 3, "uploads were tried again"
+            assert confirmed(pg_db) < written, "confirmed while nothing was uploaded"
+            assert confirmed(pg_db) >= before
+            assert not s3.keys(prefix), "nothing is visible while uploads fail"
+            proxy.fail(0)
+            deadline = time.monotonic() + 60
+            while confirmed(pg_db) < written:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(0.3)
+            proc.terminate()
+            assert proc.wait(30) == 0, log.read_text()[-4000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    events = read_events(s3.download(prefix, tmp_path / "mirror"), "public.orders")
+    assert len(events) == 10 * 2 + 1
+    assert_no_duplicates(events)
+
+
+def test_a_failed_part_leaves_no_object(s3: S3Store, tmp_path: Path) -> None:
+    """A multipart upload whose second part is refused is never completed: no object."""
+    if s3.external or s3.endpoint is None:
+        pytest.skip("injecting HTTP errors needs the S3 server started by the tests")
+    prefix = s3.new_prefix()
+    local = tmp_path / "big.jsonl"
+    local.write_bytes(os.urandom(25 << 20))  # three parts
+    with FailingProxy(s3.endpoint) as proxy:
+        storage = StorageConfig.model_validate(s3.storage(proxy.endpoint))
+        store = ObjectStorePublisher(f"s3://{prefix}", storage).store
+        proxy.fail(1, 400, "InvalidArgument", methods=("PUT",), after=1)
+        with pytest.raises(DefiniteSinkError, match=r"cannot upload s3://.*key 'out/t/big.jsonl'"):
+            store.upload(local, "t/big.jsonl")
+        assert proxy.failed == 1
+        assert not s3.keys(prefix)
+        store.upload(local, "t/big.jsonl")  # and a whole upload is visible whole
+    assert s3.keys(prefix) == {"t/big.jsonl": 25 << 20}
+
+
+def test_missing_bucket_is_named(pg_db: PgDatabase, tmp_path: Path, s3: S3Store) -> None:
+    bucket = f"cdcd-missing-{os.getpid()}"
+    cfg = setup_source(pg_db, tmp_path, [s3_sink(f"{bucket}/out", s3)])
+    workload(pg_db, 1, 2)
+    endpos = pg_db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+    proc = run_cdcd("run", "--config", str(cfg), "--endpos", endpos, check=False, timeout=120)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert f"bucket '{bucket}' of s3://{bucket}/out does not exist" in output, output[-3000:]
+
+
+def test_access_denied_is_named(pg_db: PgDatabase, tmp_path: Path) -> None:
+    """moto checks credentials with INITIAL_NO_AUTH_ACTION_COUNT=0: the test's made-up access
+    key is refused at the first request (403 AccessDenied on HeadBucket)."""
+    if os.environ.get("CDCD_TEST_S3_URL"):
+        pytest.skip("needs the S3 server started by the tests")
+    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+    try:
+        store = launch_s3()
+    finally:
+        del os.environ["INITIAL_NO_AUTH_ACTION_COUNT"]
+    bucket = f"cdcd-denied-{os.getpid()}"
+    try:
+        cfg = setup_source(pg_db, tmp_path, [s3_sink(f"{bucket}/out", store)])
+        workload(pg_db, 1, 2)
+        endpos = pg_db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
+        proc = run_cdcd("run", "--config", str(cfg), "--endpos", endpos, check=False)
+    finally:
+        store.close()
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert f"s3://{bucket}/" in output and f"bucket {bucket!r}" in output, output[-3000:]
+    assert "access denied (check the credentials and the bucket policy)" in output, output[-3000:]
