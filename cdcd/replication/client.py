@@ -5,7 +5,7 @@ Encryption" (55.2.10), libpq "SSL Support" (34.19). asyncpg cannot run START_REP
 CopyBoth stream, so this module drives the sans-I/O :class:`cdcd.wire.session.Session` over an
 asyncio transport (plain ``asyncio`` or ``uvloop``)::
 
-    socket ──bytes──▶ _Protocol.data_received ──▶ Session (MessageReader) ──events──▶ client
+    socket ──bytes──▶ ReplicationProtocol.data_received ──▶ Session (MessageReader) ──events──▶ client
     client ──frontend bytes (query, CopyData 'r', CopyDone, Terminate)──▶ transport.write
 
 Backpressure: bytes go straight into the session's buffer; past ``HIGH_WATER`` buffered bytes
@@ -33,7 +33,7 @@ import struct
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal
 
 import structlog
 
@@ -46,6 +46,7 @@ from cdcd.errors import (
 from cdcd.lsn import Progress, parse_lsn, unix_to_pg_us
 from cdcd.replication.hosts import Role, connect_first
 from cdcd.replication.sql import create_slot_sql, publication_names_option, start_replication_sql
+from cdcd.replication.transport import ReplicationProtocol
 from cdcd.wire import frontend
 from cdcd.wire import session as wire
 from cdcd.wire.copydata import (
@@ -68,14 +69,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger("cdcd.replication")
-
-#: Stop reading the socket while this many received bytes wait to be consumed.
-HIGH_WATER = 4 * 1024 * 1024
-#: While streaming, a read smaller than this pauses reading for COALESCE_SECONDS, so that the
-#: next read takes what the walsender wrote meanwhile in one piece (it writes message by
-#: message: keeping pace with it, reads are ~1 KB each otherwise).
-SMALL_READ = 32 * 1024
-COALESCE_SECONDS = 0.0005
 
 _COPY_STATES = (wire.State.COPY_BOTH, wire.State.COPY_SERVER_DONE)
 
@@ -107,126 +100,13 @@ class SlotCreated:
     output_plugin: str | None
 
 
-class _Protocol(asyncio.Protocol):
-    """Moves bytes between the transport and the session; pauses reading past HIGH_WATER."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.transport: asyncio.Transport | None = None
-        self.raw = bytearray()  # before the session is attached (the SSLRequest answer)
-        self.session: wire.Session | None = None
-        self.lost: OSError | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._drain_waiter: asyncio.Future[None] | None = None
-        self._reading_paused = False
-        self._writing_paused = False
-        self.coalesce = False  # set once streaming: see SMALL_READ
-        self._coalescing = False
-        self.reads = 0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.reads += 1
-        session = self.session
-        if session is None:
-            self.raw += data
-            buffered = len(self.raw)
-        else:
-            session.receive_data(data)
-            buffered = session.buffered
-        transport = self.transport
-        if transport is None:
-            self._wake()
-            return
-        if buffered >= HIGH_WATER and not self._reading_paused:
-            self._reading_paused = True
-            transport.pause_reading()
-        elif self.coalesce and len(data) < SMALL_READ and not self._reading_paused:
-            # a small read: let the walsender's next writes gather in the socket buffer
-            self._coalescing = True
-            self._reading_paused = True
-            transport.pause_reading()
-            self._loop.call_later(COALESCE_SECONDS, self._coalesced)
-            return  # the consumer is woken with what has gathered
-        self._wake()
-
-    def _coalesced(self) -> None:
-        self._coalescing = False
-        if self._reading_paused and self.transport is not None and self.lost is None:
-            buffered = len(self.raw) if self.session is None else self.session.buffered
-            if buffered < HIGH_WATER:
-                self._reading_paused = False
-                self.transport.resume_reading()
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self._lose(ConnectionResetError("the server closed the connection"))
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lose(exc or ConnectionResetError("the connection was closed"))
-
-    def _lose(self, exc: BaseException) -> None:
-        if self.lost is None:
-            self.lost = exc if isinstance(exc, OSError) else ConnectionResetError(str(exc))
-        self._wake()
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _wake(self) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def wait_data(self) -> None:
-        """Wait until more bytes arrived (resuming reading) or the connection is lost."""
-        if self._reading_paused and not self._coalescing and self.transport is not None:
-            self._reading_paused = False
-            self.transport.resume_reading()
-        if self.lost is not None:
-            raise self.lost
-        # Several tasks may wait (the consumer, close()): they share one future.
-        if self._waiter is None or self._waiter.done():
-            self._waiter = self._loop.create_future()
-        await asyncio.shield(self._waiter)
-        if (
-            self.lost is not None
-            and not self.raw
-            and (self.session is None or not self.session.buffered)
-        ):
-            raise self.lost
-
-    async def drain(self) -> None:
-        if self.lost is not None:
-            raise self.lost
-        if self._writing_paused:
-            if self._drain_waiter is None or self._drain_waiter.done():
-                self._drain_waiter = self._loop.create_future()
-            await asyncio.shield(self._drain_waiter)
-            if self.lost is not None:
-                raise self.lost
-
-
 class ReplicationClient:
     """A logical replication connection (``replication=database``) to one server."""
 
     def __init__(
         self,
         params: ConnParams,
-        protocol: _Protocol,
+        protocol: ReplicationProtocol,
         session: wire.Session,
         *,
         status_interval: float,
@@ -311,7 +191,7 @@ class ReplicationClient:
         try_tls: bool,
     ) -> ReplicationClient:
         loop = asyncio.get_running_loop()
-        protocol = _Protocol(loop)
+        protocol = ReplicationProtocol(loop)
         try:
             if params.is_unix_socket:
                 await loop.create_unix_connection(lambda: protocol, params.socket_path)
@@ -353,7 +233,7 @@ class ReplicationClient:
 
     @staticmethod
     async def _negotiate_tls(
-        loop: asyncio.AbstractEventLoop, protocol: _Protocol, params: ConnParams
+        loop: asyncio.AbstractEventLoop, protocol: ReplicationProtocol, params: ConnParams
     ) -> bool:
         """SSLRequest; on 'S' wrap the transport in TLS. Returns whether TLS is on."""
         assert protocol.transport is not None

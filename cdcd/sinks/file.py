@@ -63,39 +63,43 @@ transaction log are always JSON Lines.
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
-import errno
-import os
-import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Relation
-from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
+from cdcd.errors import DefiniteSinkError, SinkError
 from cdcd.events import ChangeEvent
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.file_formats import writer_class
+from cdcd.sinks.file_layout import (
+    MESSAGES_FOLDER,
+    SCHEMA_FOLDER,
+    TRANSACTIONS_FOLDER,
+    TXN_NAME,
+    JsonlTableWriter,
+    Position,
+    Publisher,
+    Recovered,
+    TableWriter,
+    TransactionLogWriter,
+    data_file_name,
+    io_error,
+    parse_data_file_name,
+    table_folder_name,
+    temp_path,
+)
 from cdcd.sinks.storage import ObjectStorePublisher, SinkPath, StorageConfig
 from cdcd.units import ByteSize, Duration
 
-Position = tuple[int, int]
-
-MESSAGES_FOLDER = "_messages"
-TRANSACTIONS_FOLDER = "_transactions"
-SCHEMA_FOLDER = "_schema"
-
-_DATA_NAME = re.compile(r"([0-9A-F]{16})-([0-9A-F]{8})(\.[a-z]+)")
-_TXN_NAME = re.compile(r"([0-9A-F]{16})\.jsonl")
-_TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: transactions that get BEGIN/END markers (not lone messages, not the snapshot pseudo-transaction)
 _MARKED_KINDS = frozenset({"regular", "streamed", "prepared"})
 
@@ -118,254 +122,7 @@ class FileSinkConfig(BaseModel):
     storage: StorageConfig = Field(default_factory=StorageConfig)
 
 
-# --- names -----------------------------------------------------------------------------------
-
-
-def data_file_name(position: Position, suffix: str) -> str:
-    """``<commit_lsn:016X>-<seq:08X><suffix>``: sorting names sorts positions."""
-    return f"{position[0]:016X}-{position[1]:08X}{suffix}"
-
-
-def parse_data_file_name(name: str) -> tuple[Position, str] | None:
-    """``(position, suffix)`` of a data file name; None for anything else."""
-    match = _DATA_NAME.fullmatch(name)
-    if match is None:
-        return None
-    return (int(match.group(1), 16), int(match.group(2), 16)), match.group(3)
-
-
-def _escape(name: str) -> str:
-    escaped = name.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
-    return "%2E" + escaped[1:] if escaped.startswith(".") else escaped
-
-
-def table_folder_name(schema: str, table: str) -> str:
-    """``<schema>.<table>`` with ``%``, ``/``, NUL and a leading ``.`` percent-encoded."""
-    return f"{_escape(schema)}.{_escape(table)}"
-
-
-def temp_path(final: Path) -> Path:
-    """The hidden name a file is written under before it is published."""
-    return final.with_name(f".{final.name}.tmp")
-
-
-def _io_error(exc: OSError, action: str, path: Path | str) -> SinkError:
-    reason = exc.strerror or str(exc)
-    message = f"file sink: cannot {action} {path}: {reason}"
-    if exc.errno in _TRANSIENT_ERRNOS:
-        return TransientSinkError(message)
-    return DefiniteSinkError(message)
-
-
-def last_line(path: Path) -> bytes | None:
-    """The last non-empty line of a file (read backwards, in chunks)."""
-    with path.open("rb") as f:
-        pos = f.seek(0, os.SEEK_END)
-        tail = b""
-        while pos > 0:
-            step = min(65536, pos)
-            pos -= step
-            f.seek(pos)
-            tail = f.read(step) + tail
-            stripped = tail.rstrip(b"\n")
-            cut = stripped.rfind(b"\n")
-            if cut >= 0:
-                return stripped[cut + 1 :]
-        return tail.rstrip(b"\n") or None
-
-
-# --- writers ---------------------------------------------------------------------------------
-
-
-class TableWriter(abc.ABC):
-    """One data file being written under its temporary name (see the module docstring)."""
-
-    #: file name suffix, with the dot
-    suffix: ClassVar[str]
-    #: publish the open file before an event whose columns differ from the file's
-    roll_on_schema_change: ClassVar[bool] = False
-
-    def __init__(self, path: Path, relation: Relation | None, config: FileSinkConfig) -> None:
-        self.path = path
-        self.relation = relation
-        self.config = config
-        self.rows = 0
-
-    @abc.abstractmethod
-    def write(self, events: Sequence[ChangeEvent]) -> None:
-        """Append events (all of one Relation object, in position order)."""
-
-    @abc.abstractmethod
-    def size(self) -> int:
-        """Bytes written so far (an estimate is fine), for ``rollover_bytes``."""
-
-    @abc.abstractmethod
-    def finish(self) -> None:
-        """Complete the file and close it; fsync it first when ``config.fsync``."""
-
-    @abc.abstractmethod
-    def discard(self) -> None:
-        """Close the file without completing it and delete it."""
-
-    @classmethod
-    @abc.abstractmethod
-    def last_position(cls, path: Path) -> Position:
-        """``(commit_lsn, seq)`` of the last event in a published file."""
-
-
-class JsonlTableWriter(TableWriter):
-    """JSON Lines: each event's ``record_json()`` and a newline, one buffered write per batch."""
-
-    suffix = ".jsonl"
-
-    def __init__(self, path: Path, relation: Relation | None, config: FileSinkConfig) -> None:
-        super().__init__(path, relation, config)
-        self._file = path.open("wb", buffering=1 << 20)
-        self._size = 0
-
-    def write(self, events: Sequence[ChangeEvent]) -> None:
-        self.write_lines([event.record_json() for event in events])
-
-    def write_lines(self, lines: list[bytes]) -> None:
-        data = b"\n".join(lines)
-        self._file.write(data)
-        self._file.write(b"\n")
-        self._size += len(data) + 1
-        self.rows += len(lines)
-
-    def size(self) -> int:
-        return self._size
-
-    def finish(self) -> None:
-        self._file.flush()
-        if self.config.fsync:
-            os.fsync(self._file.fileno())
-        self._file.close()
-
-    def discard(self) -> None:
-        self._file.close()
-        self.path.unlink(missing_ok=True)
-
-    @classmethod
-    def last_position(cls, path: Path) -> Position:
-        line = last_line(path)
-        try:
-            source = orjson.loads(line or b"")["source"]
-            return int(source["commit_lsn"]), int(source["seq"])
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise DefiniteSinkError(
-                f"file sink: cannot read the last event position of {path}: {exc}"
-            ) from exc
-
-
-class TransactionLogWriter(JsonlTableWriter):
-    """``_transactions`` files: BEGIN is at ``(commit_lsn, 0)``, END at ``(commit_lsn, 1)``."""
-
-    @classmethod
-    def last_position(cls, path: Path) -> Position:
-        try:
-            marker = orjson.loads(last_line(path) or b"")
-            return int(marker["commit_lsn"]), 0 if marker["status"] == "BEGIN" else 1
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise DefiniteSinkError(
-                f"file sink: cannot read the last transaction marker of {path}: {exc}"
-            ) from exc
-
-
-def writer_class(fmt: str) -> type[TableWriter]:
-    """The table writer of a ``format`` (or of a file suffix without the dot)."""
-    if fmt == "jsonl":
-        return JsonlTableWriter
-    if fmt == "parquet":
-        from cdcd.sinks.parquet import ParquetTableWriter  # optional: pyarrow loads on demand
-
-        cls: type[TableWriter] = ParquetTableWriter
-        return cls
-    raise DefiniteSinkError(f"file sink: unknown format {fmt!r}")
-
-
-# --- publication -----------------------------------------------------------------------------
-
-
-class Publisher:
-    """Renames completed files into place and fsyncs the folders that changed."""
-
-    def __init__(self, fsync: bool) -> None:
-        self.fsync = fsync
-        self._dirty: set[Path] = set()
-
-    def make_dir(self, path: Path) -> None:
-        if not path.is_dir():
-            path.mkdir(parents=True, exist_ok=True)
-            self._dirty.add(path.parent)
-
-    def mark_dirty(self, folder: Path) -> None:
-        self._dirty.add(folder)
-
-    def publish(self, tmp: Path, final: Path) -> None:
-        os.replace(tmp, final)
-        self._dirty.add(final.parent)
-
-    def write_file(self, final: Path, data: bytes) -> None:
-        """Write a small file completely and publish it."""
-        tmp = temp_path(final)
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            if self.fsync:
-                os.fsync(f.fileno())
-        self.publish(tmp, final)
-
-    def take_dirty(self) -> set[Path]:
-        """The folders changed since the last call, for a publication job to fsync."""
-        dirty, self._dirty = self._dirty, set()
-        return dirty
-
-    def sync(self) -> None:
-        sync_folders(self.take_dirty(), self.fsync)
-
-    def publish_files(self, files: Sequence[tuple[TableWriter, Path]], dirty: set[Path]) -> None:
-        publish_files(files, dirty, self.fsync)
-
-
-def sync_folders(folders: Iterable[Path], fsync: bool) -> None:
-    """fsync folders, deepest first (``_schema`` before its table, tables before the root), so
-    a published file's folder entry is durable before its parent's."""
-    if not fsync:
-        return
-    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise _io_error(exc, "fsync folder", path) from exc
-
-
-def publish_files(files: Sequence[tuple[TableWriter, Path]], dirty: set[Path], fsync: bool) -> None:
-    """One publication job (run in a worker thread): complete each file (fsync), rename it
-    into place, in the order given, then fsync every folder that changed."""
-    for writer, final in files:
-        try:
-            writer.finish()
-            os.replace(writer.path, final)
-        except OSError as exc:
-            raise _io_error(exc, "publish", final) from exc
-        dirty.add(final.parent)
-    sync_folders(dirty, fsync)
-
-
 # --- folders ---------------------------------------------------------------------------------
-
-
-@dataclass
-class _Recovered:
-    """What a previous run left in a folder."""
-
-    last: Position | None = None
-    schemas: list[tuple[Position, Path]] = field(default_factory=list)
 
 
 def _schema_signature(info: dict[str, Any] | None) -> tuple[Any, ...] | None:
@@ -385,7 +142,7 @@ class _Folder:
         sink: FileSink,
         path: Path,
         writer_cls: type[TableWriter],
-        recovered: _Recovered,
+        recovered: Recovered,
         name_for: Callable[[Position], str],
     ) -> None:
         self.sink = sink
@@ -540,7 +297,7 @@ class FileSink(Sink):
         self.files_published = 0
         self.events_written = 0
         self._writer_cls = writer_class(config.format)
-        self._recovered: dict[str, _Recovered] = {}
+        self._recovered: dict[str, Recovered] = {}
         self._folders: dict[str, _Folder] = {}
         self._by_relation: dict[int, tuple[Relation, _Folder]] = {}
         self._txn_log: _Folder | None = None
@@ -573,14 +330,14 @@ class FileSink(Sink):
         for folder in sorted(root.iterdir()):
             if folder.name.startswith(".") or not folder.is_dir():
                 continue
-            found = _Recovered()
+            found = Recovered()
             schema_dir = folder / SCHEMA_FOLDER
             for path in (*folder.iterdir(), *(schema_dir.iterdir() if schema_dir.is_dir() else ())):
                 if path.name.startswith(".") and path.name.endswith(".tmp"):
                     path.unlink()
                     self.publisher.mark_dirty(path.parent)
             if folder.name == TRANSACTIONS_FOLDER:
-                logs = sorted(p.name for p in folder.iterdir() if _TXN_NAME.fullmatch(p.name))
+                logs = sorted(p.name for p in folder.iterdir() if TXN_NAME.fullmatch(p.name))
                 if logs:
                     found.last = TransactionLogWriter.last_position(folder / logs[-1])
             else:
@@ -704,7 +461,7 @@ class FileSink(Sink):
         try:
             yield
         except OSError as exc:
-            self._failed = _io_error(exc, "write", exc.filename or self._where)
+            self._failed = io_error(exc, "write", exc.filename or self._where)
             raise self._failed from exc
         except SinkError as exc:
             self._failed = exc
@@ -715,7 +472,7 @@ class FileSink(Sink):
         if folder is None:
             path = self.root / name
             self.publisher.make_dir(path)
-            recovered = self._recovered.get(name, _Recovered())
+            recovered = self._recovered.get(name, Recovered())
             suffix = writer_cls.suffix
             folder = _Folder(self, path, writer_cls, recovered, lambda p: data_file_name(p, suffix))
             self._folders[name] = folder
@@ -760,7 +517,7 @@ class FileSink(Sink):
     def _marker(self, txn: Transaction, status: Literal["BEGIN", "END"]) -> None:
         """Debezium's transaction metadata, plus ``commit_lsn`` to deduplicate on."""
         if self._txn_log is None:
-            recovered = self._recovered.get(TRANSACTIONS_FOLDER, _Recovered())
+            recovered = self._recovered.get(TRANSACTIONS_FOLDER, Recovered())
             path = self.root / TRANSACTIONS_FOLDER
             self.publisher.make_dir(path)
             self._txn_log = _Folder(

@@ -71,23 +71,28 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.helpers import create_ssl_context
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from cdcd.errors import ConfigError, DefiniteSinkError, SinkError, TransientSinkError
-from cdcd.lsn import format_lsn, pg_to_unix_us
+from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.kafka_client import (
+    KafkaSinkConfig,
+    Record,
+    Where,
+    client_kwargs,
+    compression_available,
+    translate_error,
+)
 from cdcd.sinks.kafka_partition import partition_for
-from cdcd.units import ByteSize, Duration
 
 if TYPE_CHECKING:
     from cdcd.assembler.transaction import Transaction
@@ -95,81 +100,13 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-MiB = 1024 * 1024
 _TOPIC_ALREADY_EXISTS = 36
 
 
-def compression_available(codec: str) -> bool:
-    """Whether aiokafka can use ``codec`` here (lz4/zstd/snappy need cramjam)."""
-    from aiokafka import codec as kcodec
-
-    checks = {
-        "none": lambda: True,
-        "gzip": kcodec.has_gzip,
-        "lz4": kcodec.has_lz4,
-        "zstd": kcodec.has_zstd,
-        "snappy": kcodec.has_snappy,
-    }
-    return bool(checks[codec]())
-
-
-class KafkaSinkConfig(BaseModel):
-    """The ``type: kafka`` sink section. Durations and sizes as in :mod:`cdcd.units`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    bootstrap_servers: str | list[str]
-    topic_prefix: str | None = None  # default: the pipeline name
-    routing: dict[str, str] = Field(default_factory=dict)  # "schema.table" -> topic
-    tombstones: bool = True
-    transaction_topic: bool = False
-    message_topic: str | None = None  # default: <prefix>.message
-    acks: Literal["all", 1, 0] = "all"
-    idempotence: bool = True
-    # zstd: aiokafka compresses lz4 at level 9 (LZ4 HC), ~2.5x zstd's CPU for a worse ratio
-    compression: Literal["lz4", "zstd", "gzip", "snappy", "none"] = "zstd"
-    linger_ms: int = Field(default=5, ge=0)
-    max_batch_size: ByteSize = Field(default=1 * MiB, ge=1024)
-    max_request_size: ByteSize = Field(default=1 * MiB, ge=1024)
-    buffer_records: int = Field(default=20_000, ge=1)
-    buffer_bytes: ByteSize = Field(default=64 * MiB, ge=1024)
-    create_topics: bool = True
-    partitions: int = Field(default=1, ge=1)
-    replication_factor: int = Field(default=1, ge=1)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    request_timeout: Duration = 30.0
-    retry_backoff: Duration = 0.5
-    give_up_after: Duration | None = None  # at start: None = retry for ever
-    client_id: str | None = None  # default: cdcd-<name>
-
-    @field_validator("acks", mode="before")
-    @classmethod
-    def _acks(cls, value: object) -> object:
-        return int(value) if isinstance(value, str) and value.isdigit() else value
-
-
-# A record as handed to a batch, kept for replays and error messages:
-# (key, value, headers, timestamp_ms, where); ``where`` is an event's
-# (commit_lsn, seq, lsn, suffix) or a marker's text, formatted only for an error message.
-_Where = tuple[int, int, int, str] | str
-_Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int, _Where]
 _RECORD_OVERHEAD = 64  # what a record counts for buffer_bytes beyond its key and value
 _OP_BYTES = {op: op.encode() for op in "crudtm"}
 #: the header naming the other key of a key change, by the source field that holds it
 _LINK_HEADERS = {"new_key": "__debezium.newkey", "old_key": "__debezium.oldkey"}
-
-
-def _where_text(where: _Where) -> str:
-    if isinstance(where, str):
-        return where
-    commit_lsn, seq, lsn, suffix = where
-    return f"commit_lsn {format_lsn(commit_lsn)} seq {seq} (LSN {format_lsn(lsn)}){suffix}"
 
 
 @dataclass(slots=True, eq=False)
@@ -182,7 +119,7 @@ class _Batch:
     topic: str
     partition: int
     builder: BatchBuilder
-    records: list[_Record] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     size: int = 0
     future: asyncio.Future[Any] | None = None
     error: SinkError | None = None  # handing it to the producer failed definitely
@@ -231,29 +168,7 @@ class KafkaSink(Sink):
     # --- lifecycle -----------------------------------------------------------------------
 
     def _client_kwargs(self) -> dict[str, Any]:
-        c = self.config
-        kwargs: dict[str, Any] = {
-            "bootstrap_servers": c.bootstrap_servers,
-            "client_id": c.client_id or f"cdcd-{self.context.name}",
-            "request_timeout_ms": int(c.request_timeout * 1000),
-            "retry_backoff_ms": int(c.retry_backoff * 1000),
-            "security_protocol": c.security_protocol,
-        }
-        if c.security_protocol in ("SSL", "SASL_SSL"):
-            kwargs["ssl_context"] = create_ssl_context(
-                cafile=self._path(c.ssl_cafile),
-                certfile=self._path(c.ssl_certfile),
-                keyfile=self._path(c.ssl_keyfile),
-            )
-        if c.security_protocol.startswith("SASL"):
-            kwargs["sasl_mechanism"] = c.sasl_mechanism
-            kwargs["sasl_plain_username"] = c.sasl_username
-            if c.sasl_password is not None:
-                kwargs["sasl_plain_password"] = c.sasl_password.get_secret_value()
-        return kwargs
-
-    def _path(self, value: str | None) -> str | None:
-        return None if value is None else str(self.context.config_dir / value)
+        return client_kwargs(self.config, self.context)
 
     def _new_producer(self) -> AIOKafkaProducer:
         c = self.config
@@ -470,7 +385,7 @@ class KafkaSink(Sink):
         value: bytes | None,
         headers: list[tuple[str, bytes]],
         ts: int,
-        where: _Where,
+        where: Where,
     ) -> None:
         """Append one record to its partition's open batch (Kafka's default partitioning)."""
         partitions = self._partitions[topic]
@@ -496,7 +411,7 @@ class KafkaSink(Sink):
         self._window_records += 1
         self._window_bytes += size
 
-    def _check_size(self, topic: str, record: _Record) -> None:
+    def _check_size(self, topic: str, record: Record) -> None:
         key, value, headers, _, _ = record
         size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
         if size > self.config.max_request_size:
@@ -580,7 +495,7 @@ class KafkaSink(Sink):
             self._stats["records_sent"] += len(batch.records)
             return
 
-    async def _prepare_topic(self, topic: str, where: _Where) -> None:
+    async def _prepare_topic(self, topic: str, where: Where) -> None:
         """Create (or check) ``topic`` and learn its partitions, retrying while the broker is
         unavailable."""
         delay = self.config.retry_backoff
@@ -685,58 +600,14 @@ class KafkaSink(Sink):
         if self._failure is not None:
             raise self._failure
 
-    # --- the one place that translates aiokafka's exceptions ---------------------------------
-
     def _translate(
         self,
         exc: BaseException,
         *,
         topic: str | None = None,
-        record: _Record | None = None,
+        record: Record | None = None,
         starting: bool = False,
     ) -> SinkError:
-        """``record``: the failing one (a batch's first), for the message."""
-        if isinstance(exc, SinkError):
-            return exc
-        where = f" at {_where_text(record[4])}" if record is not None and record[4] else ""
-        if isinstance(exc, kerrors.MessageSizeTooLargeError | kerrors.RecordListTooLargeError):
-            size: int | str = "?"
-            key = None
-            if record is not None:
-                size = len(record[0] or b"") + len(record[1] or b"")
-                key = record[0].decode(errors="replace") if record[0] else None
-            return DefiniteSinkError(
-                f"kafka: record for topic {topic!r} with key {key} is about {size} bytes, more "
-                f"than max_request_size ({self.config.max_request_size}) or the broker's limit"
-                f"{where}: raise sinks.kafka.max_request_size and the topic's max.message.bytes "
-                f"({exc})"
-            )
-        if isinstance(
-            exc, kerrors.TopicAuthorizationFailedError | kerrors.ClusterAuthorizationFailedError
-        ):
-            return DefiniteSinkError(
-                f"kafka: not authorized for topic {topic!r}{where}: grant the principal write "
-                f"(and create, with create_topics) on it ({exc!r})"
-            )
-        if isinstance(exc, kerrors.UnknownTopicOrPartitionError) and not self.config.create_topics:
-            return DefiniteSinkError(
-                f"kafka: topic {topic!r} does not exist and create_topics is false{where}"
-            )
-        if isinstance(exc, kerrors.InvalidTopicError):
-            return DefiniteSinkError(f"kafka: invalid topic name {topic!r}{where} ({exc!r})")
-        if (
-            starting
-            and self.config.idempotence
-            and isinstance(exc, kerrors.BrokerResponseError)
-            and not exc.retriable
-        ):
-            return DefiniteSinkError(
-                f"kafka: the broker at {self._bootstrap()} rejected the idempotent producer "
-                f"(InitProducerId failed: {exc!r}); set `idempotence: false` in the kafka sink "
-                "for brokers without idempotent producers (e.g. tansu)"
-            )
-        if isinstance(
-            exc, kerrors.KafkaTimeoutError | kerrors.KafkaConnectionError | TimeoutError | OSError
-        ) or (isinstance(exc, kerrors.KafkaError) and exc.retriable):
-            return TransientSinkError(f"kafka: {self._bootstrap()}: {exc!r}{where}")
-        return DefiniteSinkError(f"kafka: {exc!r}{where} (topic {topic!r})")
+        return translate_error(
+            exc, self.config, self._bootstrap(), topic=topic, record=record, starting=starting
+        )

@@ -65,12 +65,13 @@ import pyarrow.parquet as pq
 
 from cdcd.decoder.events import Relation
 from cdcd.errors import DefiniteSinkError
-from cdcd.sinks.file import FileSinkConfig, Position, TableWriter
+from cdcd.sinks.file_layout import Position, TableWriter
 from cdcd.sinks.parquet_columns import ColumnBuilder, as_text, has_none, lost
 from cdcd.values.types import TypeInfo, TypeRegistry
 
 if TYPE_CHECKING:
     from cdcd.events import ChangeEvent
+    from cdcd.sinks.file import FileSinkConfig
 
 ROW_GROUP_ROWS = 65_536
 #: events kept before a column-wise conversion (bounds the Python objects a writer holds)

@@ -49,7 +49,7 @@ from cdcd.units import Duration, resolve_path
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
 
-    from cdcd.sinks.file import Position, TableWriter, _Recovered
+    from cdcd.sinks.file_layout import Position, Recovered, TableWriter
 
 T = TypeVar("T")
 
@@ -297,7 +297,7 @@ class ObjectStorePublisher:
     def write_file(self, final: Path, data: bytes) -> None:
         """Stage a small file (a ``_schema`` file); the next publication job uploads it before
         the data files it comes with."""
-        from cdcd.sinks.file import temp_path
+        from cdcd.sinks.file_layout import temp_path
 
         temp_path(final).write_bytes(data)
         self._queued.add(final)
@@ -312,7 +312,7 @@ class ObjectStorePublisher:
     def publish_files(self, files: Sequence[tuple[TableWriter, Path]], queued: set[Path]) -> None:
         """One publication job (a worker thread): the staged small files, then each data file
         completed and uploaded in order; staged copies are deleted once uploaded."""
-        from cdcd.sinks.file import temp_path
+        from cdcd.sinks.file_layout import temp_path
 
         for final in sorted(queued):
             staged = temp_path(final)
@@ -323,10 +323,10 @@ class ObjectStorePublisher:
             self.store.upload(writer.path, self.name(final))
             writer.path.unlink()
 
-    def recover(self) -> dict[str, _Recovered]:
+    def recover(self) -> dict[str, Recovered]:
         """Empty the staging folder; per folder under the prefix, the last published position
         (from its last object) and the ``_schema`` files (fetched into the staging folder)."""
-        from cdcd.sinks import file as sink
+        from cdcd.sinks import file_layout as sink
 
         if self.staging.exists():
             shutil.rmtree(self.staging)
@@ -338,12 +338,12 @@ class ObjectStorePublisher:
             folder, _, rest = name.partition("/")
             if rest and not folder.startswith(".") and not rest.split("/")[-1].startswith("."):
                 folders.setdefault(folder, []).append((rest, size))
-        recovered: dict[str, _Recovered] = {}
+        recovered: dict[str, Recovered] = {}
         for folder, objects in folders.items():
-            found = sink._Recovered()
+            found = sink.Recovered()
             sizes = dict(objects)
             if folder == sink.TRANSACTIONS_FOLDER:
-                logs = sorted(n for n in sizes if sink._TXN_NAME.fullmatch(n))
+                logs = sorted(n for n in sizes if sink.TXN_NAME.fullmatch(n))
                 if logs:
                     found.last = self._last(folder, logs[-1], sizes[logs[-1]], ".jsonl", True)
             else:
@@ -369,7 +369,8 @@ class ObjectStorePublisher:
     def _last(self, folder: str, name: str, size: int, suffix: str, txn: bool) -> Position:
         """The last event position of an object: its tail staged locally and read by the
         format's own ``last_position`` (a Parquet file is read through ranged requests)."""
-        from cdcd.sinks import file as sink
+        from cdcd.sinks import file_layout as sink
+        from cdcd.sinks.file_formats import writer_class
 
         if suffix == ".jsonl":
             local = self.staging / folder / f".{name}.tail"
@@ -384,4 +385,4 @@ class ObjectStorePublisher:
         source = self.store.call("open", key, lambda: self.store.fs.open_input_file(key))
         with source:
             # pq.ParquetFile reads a file object as well as a path
-            return sink.writer_class(suffix[1:]).last_position(cast(Path, source))
+            return writer_class(suffix[1:]).last_position(cast(Path, source))

@@ -15,12 +15,11 @@ import pytest
 from cdcd.assembler.transaction import Transaction
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.events.encoder import Encoder
-from cdcd.sinks.file import (
-    FileSink,
-    FileSinkConfig,
+from cdcd.sinks.file import FileSink, FileSinkConfig
+from cdcd.sinks.file_layout import (
     JsonlTableWriter,
-    _io_error,
     data_file_name,
+    io_error,
     table_folder_name,
 )
 from tests.unit.sink_fixtures import (
@@ -453,9 +452,9 @@ def test_config_validation(tmp_path: Path) -> None:
 
 
 def test_os_errors_are_classified_and_name_the_path() -> None:
-    full = _io_error(OSError(errno.ENOSPC, "No space left on device"), "write", "/d/f")
+    full = io_error(OSError(errno.ENOSPC, "No space left on device"), "write", "/d/f")
     assert isinstance(full, TransientSinkError) and "/d/f" in str(full)
-    denied = _io_error(OSError(errno.EACCES, "Permission denied"), "write", "/d/f")
+    denied = io_error(OSError(errno.EACCES, "Permission denied"), "write", "/d/f")
     assert isinstance(denied, DefiniteSinkError) and "Permission denied" in str(denied)
 
 

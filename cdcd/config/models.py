@@ -1,41 +1,16 @@
-"""The configuration file: YAML in, a validated, immutable :class:`Config` out.
-
-``load_config(path)`` does, in order:
-
-1. read the YAML (safe loader; duplicate keys are errors);
-2. substitute ``${VAR}`` and ``${VAR:-default}`` in string values (``$${`` is a literal
-   ``${``); a variable that is not set and has no default is an error naming the key;
-3. apply environment overrides ``CDCD_<PATH>``: the path's levels are joined by ``__`` and
-   list items are numbered (``CDCD_SOURCE__DSN``, ``CDCD_BUFFER__MEMORY_LIMIT=64MiB``,
-   ``CDCD_SINKS__0__PATH``); values are read as YAML scalars, so ``true``/``42``/``off`` keep
-   their YAML meaning. Only variables whose first level is a top-level key are overrides
-   (``CDCD_QUICKSTART_DSN`` is not);
-4. validate: unknown keys are errors everywhere, sizes (``256MiB``) and durations (``10s``)
-   are parsed, relative paths are resolved against the config file's folder, and each sink
-   section is validated by its sink class's ``Config`` model (found by ``type``).
-
-Every problem found becomes one line of a single :class:`~cdcd.errors.ConfigError`::
-
-    source.streaming: bad value (got 'sometimes'; allowed: off, on, parallel, auto)
-
-Secrets never appear in messages or reprs: the DSN is a ``SecretStr`` and shown with its
-password replaced by ``***``; a password read from ``password_file`` is registered with the
-log masker.
-"""
+"""The configuration's models: every section of the YAML file, validated (pydantic), and the
+validation of sink sections by their sink class's ``Config`` model. How a file becomes a
+:class:`Config`: :mod:`cdcd.config` (the README's "Configuration" section lists every key)."""
 
 from __future__ import annotations
 
 import builtins
-import os
 import re
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -48,27 +23,13 @@ from pydantic import (
     model_validator,
 )
 
+from cdcd.config.problems import key_path, problem_line, validation_problems
 from cdcd.errors import ConfigError
 from cdcd.log import mask_dsn, mask_secrets, register_secret
 from cdcd.sinks.base import Sink
 from cdcd.sinks.registry import available_sink_types, load_sink_class
 from cdcd.units import ByteSize, ConfigPath, Duration, parse_duration
 from cdcd.wire.dsn import parse_dsn
-
-__all__ = [
-    "BufferConfig",
-    "Config",
-    "HttpConfig",
-    "LogConfig",
-    "ShutdownConfig",
-    "SinkSpec",
-    "SnapshotConfig",
-    "SourceConfig",
-    "load_config",
-    "parse_config",
-]
-
-ENV_PREFIX = "CDCD_"
 
 
 class _Model(BaseModel):
@@ -326,7 +287,7 @@ class SinkSpec(_Model):
         """Accept a raw section ``{"type": "file", "path": ...}`` (programmatic use)."""
         if not isinstance(data, Mapping) or isinstance(data.get("config"), BaseModel):
             return data
-        result = _validate_sink(data, ())
+        result = validate_sink(data, ())
         if isinstance(result, list):
             raise ValueError("; ".join(result))
         return {"type": data["type"], "config": result}
@@ -363,11 +324,11 @@ class Config(_Model):
     @classmethod
     def _check_sinks(cls, specs: list[SinkSpec]) -> list[SinkSpec]:
         if not specs:
-            raise ValueError(f"at least one sink is required ({_sink_types_hint()})")
+            raise ValueError(f"at least one sink is required ({sink_types_hint()})")
         return specs
 
 
-_TOP_LEVEL_KEYS = frozenset(Config.model_fields) - {"config_dir"}
+TOP_LEVEL_KEYS = frozenset(Config.model_fields) - {"config_dir"}
 
 
 # -- DSN helpers -----------------------------------------------------------------------------
@@ -436,152 +397,53 @@ def _split_listen(listen: str) -> tuple[str, int]:
 # -- loading ---------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
-    """SafeLoader that rejects a key given twice in one mapping (YAML would keep the last)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    mapping: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if key in mapping:
-            raise yaml.constructor.ConstructorError(
-                "while reading a mapping",
-                node.start_mark,
-                f"found duplicate key {key!r}",
-                key_node.start_mark,
-            )
-        mapping[key] = loader.construct_object(value_node, deep=True)
-    return mapping
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,
-)
-
-
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    """Read, substitute, override and validate the config file at ``path``.
-
-    ``env`` defaults to ``os.environ``. Raises :class:`ConfigError` listing every problem.
-    """
-    path = Path(path)
-    env = os.environ if env is None else env
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        where = str(exc).replace('"<unicode string>"', f'"{path}"')
-        raise ConfigError(f"{path}: not valid YAML: {where}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys (name:, source:, ...)")
-
-    problems: list[str] = []
-    data = _substitute(data, (), env, problems)
-    sources = _apply_overrides(data, env, problems)
-    if problems:
-        raise ConfigError(_report(path, problems))
-    try:
-        return parse_config(data, path.resolve().parent, _sources=sources)
-    except ConfigError as exc:
-        raise ConfigError(_report(path, str(exc).splitlines())) from None
-
-
-def parse_config(
-    data: Mapping[str, Any], config_dir: Path, *, _sources: Mapping[str, str] | None = None
-) -> Config:
-    """Validate an already-read config mapping; relative paths are resolved against
-    ``config_dir``. Raises :class:`ConfigError` with one line per problem."""
-    sources = _sources or {}
-    problems: list[str] = []
-    data = dict(data)
-    if "config_dir" in data:
-        problems.append(_line(("config_dir",), "unknown key", data["config_dir"], None))
-        del data["config_dir"]
-    context = {"config_dir": config_dir}
-
-    raw_sinks = data.get("sinks")
-    specs: list[SinkSpec] = []
-    if isinstance(raw_sinks, list):
-        for index, item in enumerate(raw_sinks):
-            result = _validate_sink(item, ("sinks", index), config_dir)
-            if isinstance(result, list):
-                problems.extend(result)
-            else:
-                specs.append(SinkSpec(type=item["type"], config=result))
-        data["sinks"] = specs if not problems else _PLACEHOLDER_SINKS
-    else:
-        if raw_sinks is None:
-            problems.append(f"sinks: at least one sink is required ({_sink_types_hint()})")
-        else:
-            problems.append(_line(("sinks",), "must be a list of sink sections", raw_sinks, None))
-        data["sinks"] = _PLACEHOLDER_SINKS
-
-    try:
-        config = Config.model_validate({**data, "config_dir": config_dir}, context=context)
-    except ValidationError as exc:
-        problems.extend(_problems(exc, (), Config))
-        config = None
-    if problems:
-        raise ConfigError("\n".join(_annotate(problems, sources)))
-    assert config is not None
-    return config
-
-
 class _Placeholder(_Model):
     pass
 
 
 #: stands in for the sinks while their own problems are reported, so Config does not add
 #: "at least one sink is required" on top
-_PLACEHOLDER_SINKS = [SinkSpec(type="null", config=_Placeholder())]
+PLACEHOLDER_SINKS = [SinkSpec(type="null", config=_Placeholder())]
 
 
-def _sink_types_hint() -> str:
+def sink_types_hint() -> str:
     return f"allowed types: {', '.join(available_sink_types())}"
 
 
-def _validate_sink(
+def validate_sink(
     item: Any, loc: tuple[str | int, ...], config_dir: Path | None = None
 ) -> BaseModel | list[str]:
     """The validated ``Config`` of one sink section, or the problems found."""
-    types_hint = _sink_types_hint()
+    types_hint = sink_types_hint()
     if not isinstance(item, Mapping):
-        return [_line(loc, "a sink section must be a mapping with a 'type' key", item, None)]
+        return [problem_line(loc, "a sink section must be a mapping with a 'type' key", item, None)]
     if "type" not in item:
-        return [f"{_path((*loc, 'type'))}: required key is missing ({types_hint})"]
+        return [f"{key_path((*loc, 'type'))}: required key is missing ({types_hint})"]
     type_name = item["type"]
     if not isinstance(type_name, str):
-        return [_line((*loc, "type"), "unknown sink type", type_name, types_hint)]
+        return [problem_line((*loc, "type"), "unknown sink type", type_name, types_hint)]
     try:
         cls = load_sink_class(type_name)
     except ConfigError:
-        return [_line((*loc, "type"), "unknown sink type", type_name, types_hint)]
+        return [problem_line((*loc, "type"), "unknown sink type", type_name, types_hint)]
     except Exception as exc:  # the sink's module failed to import: say which and why
-        return [f"{_path((*loc, 'type'))}: sink {type_name!r} cannot be loaded: {exc}"]
+        return [f"{key_path((*loc, 'type'))}: sink {type_name!r} cannot be loaded: {exc}"]
     rest = {key: value for key, value in item.items() if key != "type"}
     base = config_dir if config_dir is not None else Path.cwd()
     try:
         config = cls.Config.model_validate(rest, context={"config_dir": base})
     except ValidationError as exc:
-        return _problems(exc, loc, cls.Config)
+        return validation_problems(exc, loc, cls.Config)
     return _resolve_sink_paths(config, base)
 
 
 #: names of string fields in sink configs that hold file paths (``ssl_cafile``, ``spill_dir``)
-_PATH_FIELD_SUFFIXES = ("file", "_dir", "_path")
+_PATH_FIELD_SUFFIXES = ("file", "_dir", "key_path")
 
 
 def _resolve_sink_paths(config: BaseModel, config_dir: Path) -> BaseModel:
     """Make the sink's relative paths absolute against the config folder: :class:`Path`
-    values, and strings in fields named ``path`` or ending in ``file``/``_dir``/``_path``."""
+    values, and strings in fields named ``path`` or ending in ``file``/``_dir``/``key_path``."""
     updates: dict[str, Any] = {}
     for name, value in config:
         if isinstance(value, Path):
@@ -598,252 +460,3 @@ def _resolve_sink_paths(config: BaseModel, config_dir: Path) -> BaseModel:
             if not path.is_absolute():
                 updates[name] = str(config_dir / path)
     return config.model_copy(update=updates) if updates else config
-
-
-# -- substitution and overrides ----------------------------------------------------------------
-
-_SUBSTITUTION = re.compile(r"\$\$\{|\$\{([^}]*)\}")
-_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _substitute(
-    value: Any, loc: tuple[str | int, ...], env: Mapping[str, str], problems: list[str]
-) -> Any:
-    if isinstance(value, dict):
-        return {k: _substitute(v, (*loc, str(k)), env, problems) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_substitute(v, (*loc, i), env, problems) for i, v in enumerate(value)]
-    if not isinstance(value, str) or "${" not in value:
-        return value
-
-    def replace(match: re.Match[str]) -> str:
-        if match.group(1) is None:
-            return "${"
-        name, sep, default = match.group(1).partition(":-")
-        if not _VAR_NAME.fullmatch(name):
-            problems.append(f"{_path(loc)}: bad substitution ${{{match.group(1)}}}")
-            return ""
-        found = env.get(name)
-        if found:
-            return found
-        if sep:
-            return default
-        problems.append(
-            f"{_path(loc)}: environment variable {name} is not set "
-            f"(set it, or write ${{{name}:-default}})"
-        )
-        return ""
-
-    return _SUBSTITUTION.sub(replace, value)
-
-
-def _override_value(text: str) -> Any:
-    """An override's value read as a YAML scalar (or a ``[...]`` list); else the raw text."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, list) and text.lstrip().startswith("["):
-        return value
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return text
-
-
-def _apply_overrides(
-    data: dict[str, Any], env: Mapping[str, str], problems: list[str]
-) -> dict[str, str]:
-    """Apply ``CDCD_<PATH>`` variables to ``data`` in place; returns {key path: variable}."""
-    sources: dict[str, str] = {}
-    for variable in sorted(env):
-        if not variable.startswith(ENV_PREFIX):
-            continue
-        segments = variable[len(ENV_PREFIX) :].lower().split("__")
-        if segments[0] not in _TOP_LEVEL_KEYS:
-            continue
-        loc: tuple[str | int, ...] = tuple(int(s) if s.isdigit() else s for s in segments)
-        if any(segment == "" for segment in segments):
-            problems.append(f"{variable}: empty level in the key path")
-            continue
-        error = _set_path(data, loc, _override_value(env[variable]))
-        if error:
-            problems.append(f"{variable}: {error}")
-        else:
-            sources[_path(loc)] = variable
-    return sources
-
-
-def _set_path(data: dict[str, Any], loc: tuple[str | int, ...], value: Any) -> str | None:
-    node: Any = data
-    for depth, key in enumerate(loc):
-        last = depth == len(loc) - 1
-        where = _path(loc[: depth + 1])
-        if isinstance(node, dict) and isinstance(key, str):
-            if last:
-                if isinstance(node.get(key), dict | list):
-                    return f"{where} is a section; override its keys one by one"
-                node[key] = value
-                return None
-            if node.get(key) is None:
-                node[key] = {}
-            node = node[key]
-        elif isinstance(node, list) and isinstance(key, int):
-            if key >= len(node):
-                return f"{where}: the list has only {len(node)} item(s)"
-            if last:
-                node[key] = value
-                return None
-            node = node[key]
-        else:
-            return f"{_path(loc[:depth])} is not a section that has {key!r}"
-    return None
-
-
-# -- error messages --------------------------------------------------------------------------
-
-
-def _path(loc: tuple[str | int, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "<config>"
-
-
-_SECRET_LEAVES = ("password", "secret", "dsn")
-
-
-def _shown(loc: tuple[str | int, ...], value: Any) -> str | None:
-    """How a bad value appears in a message: short, and never a secret."""
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list | tuple):
-        return "a list"
-    leaf = str(loc[-1]).lower() if loc else ""
-    if leaf == "dsn" and isinstance(value, str):
-        return repr(mask_dsn(value))
-    if any(word in leaf for word in _SECRET_LEAVES) and "file" not in leaf:
-        return "***"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _line(loc: tuple[str | int, ...], problem: str, value: Any, allowed: str | None) -> str:
-    details = []
-    if value is not _MISSING:
-        shown = _shown(loc, value)
-        if shown is not None:
-            details.append(f"got {shown}")
-    if allowed:
-        details.append(allowed if allowed.startswith("allowed") else f"allowed: {allowed}")
-    suffix = f" ({'; '.join(details)})" if details else ""
-    return mask_secrets(f"{_path(loc)}: {problem}{suffix}")
-
-
-_MISSING = object()
-
-
-def _unwrap(annotation: Any) -> Any:
-    """The model, list or dict type inside ``Annotated[...]`` / ``X | None``."""
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (typing.Union, types.UnionType):
-            members = [a for a in typing.get_args(annotation) if a is not type(None)]
-            annotation = members[0] if len(members) == 1 else annotation
-            if len(members) != 1:
-                return annotation
-        else:
-            return annotation
-
-
-def _clean_loc(
-    model: type[BaseModel], loc: tuple[str | int, ...]
-) -> tuple[tuple[str | int, ...], Any]:
-    """Keep the user's key path from a pydantic error location; drop pydantic's own tags
-    (``function-before[...]``, union member names). Returns (path, innermost model or None)."""
-    kept: list[str | int] = []
-    current: Any = model
-    parent: Any = None
-    for part in loc:
-        current = _unwrap(current)
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            kept.append(part)
-            parent = current
-            field = current.model_fields.get(str(part))
-            if field is None:
-                break  # an unknown key
-            current = field.annotation
-            continue
-        origin = typing.get_origin(current)
-        if origin in (list, tuple) and isinstance(part, int):
-            kept.append(part)
-            args = typing.get_args(current)
-            current = args[0] if args else Any
-        elif origin is dict:
-            kept.append(part)
-            args = typing.get_args(current)
-            current = args[1] if len(args) == 2 else Any
-        else:
-            break
-    return tuple(kept), parent
-
-
-def _allowed_from_literal(expected: str) -> str:
-    """pydantic's ``"'a', 'b' or 'c'"`` as ``"a, b, c"``."""
-    return expected.replace(" or ", ", ").replace("'", "")
-
-
-def _problems(
-    exc: ValidationError, prefix: tuple[str | int, ...], model: type[BaseModel]
-) -> list[str]:
-    lines: list[str] = []
-    seen: set[str] = set()
-    for error in exc.errors(include_url=False):
-        loc, parent = _clean_loc(model, tuple(error["loc"]))
-        full = prefix + loc
-        kind = error["type"]
-        value = error.get("input", _MISSING)
-        allowed: str | None = None
-        if kind == "extra_forbidden":
-            problem = "unknown key"
-            if parent is not None:
-                names = [n for n in parent.model_fields if n != "config_dir"]
-                allowed = ", ".join(names)
-            value = _MISSING
-        elif kind == "missing":
-            problem, value = "required key is missing", _MISSING
-        elif kind == "literal_error":
-            problem = "bad value"
-            allowed = _allowed_from_literal(str(error.get("ctx", {}).get("expected", "")))
-        elif kind == "value_error":
-            problem = str(error["msg"]).removeprefix("Value error, ")
-            if isinstance(value, Mapping | list) or str(value) in problem:
-                value = _MISSING  # the message already says what was wrong
-        else:
-            problem = str(error["msg"]).removeprefix("Input ")
-        if str(problem) and str(problem)[0].isupper() and not str(problem)[:2].isupper():
-            problem = problem[0].lower() + problem[1:]
-        line = _line(full, problem, value, allowed)
-        key = _path(full)
-        if key in seen and kind not in ("extra_forbidden",):
-            continue  # a union reports each member; the first says enough
-        seen.add(key)
-        lines.append(line)
-    return lines
-
-
-def _annotate(problems: list[str], sources: Mapping[str, str]) -> list[str]:
-    """Say which problems come from an environment override."""
-    annotated = []
-    for line in problems:
-        key = line.partition(": ")[0]
-        variable = sources.get(key)
-        annotated.append(f"{line} [from ${variable}]" if variable else line)
-    return annotated
-
-
-def _report(path: Path, problems: list[str]) -> str:
-    count = len(problems)
-    head = f"{path}: {count} problem{'s' if count != 1 else ''} in the configuration"
-    return "\n".join([head, *(f"  {line}" for line in problems)])

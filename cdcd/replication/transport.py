@@ -1,0 +1,132 @@
+"""The replication connection's asyncio protocol: bytes from the transport into the session
+(:mod:`cdcd.wire.session`), reading paused past a high-water mark, and, while streaming, small
+reads coalesced (the walsender writes message by message; keeping pace with it gives ~1 KB
+reads otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+from cdcd.wire import session as wire
+
+#: Stop reading the socket while this many received bytes wait to be consumed.
+HIGH_WATER = 4 * 1024 * 1024
+#: While streaming, a read smaller than this pauses reading for COALESCE_SECONDS, so that the
+#: next read takes what the walsender wrote meanwhile in one piece (it writes message by
+#: message: keeping pace with it, reads are ~1 KB each otherwise).
+SMALL_READ = 32 * 1024
+COALESCE_SECONDS = 0.0005
+
+
+class ReplicationProtocol(asyncio.Protocol):
+    """Moves bytes between the transport and the session; pauses reading past HIGH_WATER."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.raw = bytearray()  # before the session is attached (the SSLRequest answer)
+        self.session: wire.Session | None = None
+        self.lost: OSError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+        self.coalesce = False  # set once streaming: see SMALL_READ
+        self._coalescing = False
+        self.reads = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.reads += 1
+        session = self.session
+        if session is None:
+            self.raw += data
+            buffered = len(self.raw)
+        else:
+            session.receive_data(data)
+            buffered = session.buffered
+        transport = self.transport
+        if transport is None:
+            self._wake()
+            return
+        if buffered >= HIGH_WATER and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif self.coalesce and len(data) < SMALL_READ and not self._reading_paused:
+            # a small read: let the walsender's next writes gather in the socket buffer
+            self._coalescing = True
+            self._reading_paused = True
+            transport.pause_reading()
+            self._loop.call_later(COALESCE_SECONDS, self._coalesced)
+            return  # the consumer is woken with what has gathered
+        self._wake()
+
+    def _coalesced(self) -> None:
+        self._coalescing = False
+        if self._reading_paused and self.transport is not None and self.lost is None:
+            buffered = len(self.raw) if self.session is None else self.session.buffered
+            if buffered < HIGH_WATER:
+                self._reading_paused = False
+                self.transport.resume_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._lose(ConnectionResetError("the server closed the connection"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lose(exc or ConnectionResetError("the connection was closed"))
+
+    def _lose(self, exc: BaseException) -> None:
+        if self.lost is None:
+            self.lost = exc if isinstance(exc, OSError) else ConnectionResetError(str(exc))
+        self._wake()
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_data(self) -> None:
+        """Wait until more bytes arrived (resuming reading) or the connection is lost."""
+        if self._reading_paused and not self._coalescing and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        if self.lost is not None:
+            raise self.lost
+        # Several tasks may wait (the consumer, close()): they share one future.
+        if self._waiter is None or self._waiter.done():
+            self._waiter = self._loop.create_future()
+        await asyncio.shield(self._waiter)
+        if (
+            self.lost is not None
+            and not self.raw
+            and (self.session is None or not self.session.buffered)
+        ):
+            raise self.lost
+
+    async def drain(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+        if self._writing_paused:
+            if self._drain_waiter is None or self._drain_waiter.done():
+                self._drain_waiter = self._loop.create_future()
+            await asyncio.shield(self._drain_waiter)
+            if self.lost is not None:
+                raise self.lost

@@ -1,0 +1,272 @@
+"""The file sink's layout on disk (README "File sink"): file and folder names, the table
+writers (JSON Lines here; Parquet in :mod:`cdcd.sinks.parquet`), and publishing: a file is
+written under a hidden name, fsynced, renamed, and its folder fsynced.
+
+Shared by the sink (:mod:`cdcd.sinks.file`), the Parquet writer and object storage
+(:mod:`cdcd.sinks.storage`), none of which import each other through it.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import orjson
+
+from cdcd.decoder.events import Relation
+from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
+from cdcd.events import ChangeEvent
+
+if TYPE_CHECKING:
+    from cdcd.sinks.file import FileSinkConfig
+
+Position = tuple[int, int]
+
+MESSAGES_FOLDER = "_messages"
+TRANSACTIONS_FOLDER = "_transactions"
+SCHEMA_FOLDER = "_schema"
+
+DATA_NAME = re.compile(r"([0-9A-F]{16})-([0-9A-F]{8})(\.[a-z]+)")
+TXN_NAME = re.compile(r"([0-9A-F]{16})\.jsonl")
+_TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@dataclass
+class Recovered:
+    """What a previous run left in a folder."""
+
+    last: Position | None = None
+    schemas: list[tuple[Position, Path]] = field(default_factory=list)
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def data_file_name(position: Position, suffix: str) -> str:
+    """``<commit_lsn:016X>-<seq:08X><suffix>``: sorting names sorts positions."""
+    return f"{position[0]:016X}-{position[1]:08X}{suffix}"
+
+
+def parse_data_file_name(name: str) -> tuple[Position, str] | None:
+    """``(position, suffix)`` of a data file name; None for anything else."""
+    match = DATA_NAME.fullmatch(name)
+    if match is None:
+        return None
+    return (int(match.group(1), 16), int(match.group(2), 16)), match.group(3)
+
+
+def escape_name(name: str) -> str:
+    escaped = name.replace("%", "%25").replace("/", "%2F").replace("\x00", "%00")
+    return "%2E" + escaped[1:] if escaped.startswith(".") else escaped
+
+
+def table_folder_name(schema: str, table: str) -> str:
+    """``<schema>.<table>`` with ``%``, ``/``, NUL and a leading ``.`` percent-encoded."""
+    return f"{escape_name(schema)}.{escape_name(table)}"
+
+
+def temp_path(final: Path) -> Path:
+    """The hidden name a file is written under before it is published."""
+    return final.with_name(f".{final.name}.tmp")
+
+
+def io_error(exc: OSError, action: str, path: Path | str) -> SinkError:
+    reason = exc.strerror or str(exc)
+    message = f"file sink: cannot {action} {path}: {reason}"
+    if exc.errno in _TRANSIENT_ERRNOS:
+        return TransientSinkError(message)
+    return DefiniteSinkError(message)
+
+
+def last_line(path: Path) -> bytes | None:
+    """The last non-empty line of a file (read backwards, in chunks)."""
+    with path.open("rb") as f:
+        pos = f.seek(0, os.SEEK_END)
+        tail = b""
+        while pos > 0:
+            step = min(65536, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+            stripped = tail.rstrip(b"\n")
+            cut = stripped.rfind(b"\n")
+            if cut >= 0:
+                return stripped[cut + 1 :]
+        return tail.rstrip(b"\n") or None
+
+
+# --- writers ---------------------------------------------------------------------------------
+
+
+class TableWriter(abc.ABC):
+    """One data file being written under its temporary name (see the module docstring)."""
+
+    #: file name suffix, with the dot
+    suffix: ClassVar[str]
+    #: publish the open file before an event whose columns differ from the file's
+    roll_on_schema_change: ClassVar[bool] = False
+
+    def __init__(self, path: Path, relation: Relation | None, config: FileSinkConfig) -> None:
+        self.path = path
+        self.relation = relation
+        self.config = config
+        self.rows = 0
+
+    @abc.abstractmethod
+    def write(self, events: Sequence[ChangeEvent]) -> None:
+        """Append events (all of one Relation object, in position order)."""
+
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Bytes written so far (an estimate is fine), for ``rollover_bytes``."""
+
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """Complete the file and close it; fsync it first when ``config.fsync``."""
+
+    @abc.abstractmethod
+    def discard(self) -> None:
+        """Close the file without completing it and delete it."""
+
+    @classmethod
+    @abc.abstractmethod
+    def last_position(cls, path: Path) -> Position:
+        """``(commit_lsn, seq)`` of the last event in a published file."""
+
+
+class JsonlTableWriter(TableWriter):
+    """JSON Lines: each event's ``record_json()`` and a newline, one buffered write per batch."""
+
+    suffix = ".jsonl"
+
+    def __init__(self, path: Path, relation: Relation | None, config: FileSinkConfig) -> None:
+        super().__init__(path, relation, config)
+        self._file = path.open("wb", buffering=1 << 20)
+        self._size = 0
+
+    def write(self, events: Sequence[ChangeEvent]) -> None:
+        self.write_lines([event.record_json() for event in events])
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        data = b"\n".join(lines)
+        self._file.write(data)
+        self._file.write(b"\n")
+        self._size += len(data) + 1
+        self.rows += len(lines)
+
+    def size(self) -> int:
+        return self._size
+
+    def finish(self) -> None:
+        self._file.flush()
+        if self.config.fsync:
+            os.fsync(self._file.fileno())
+        self._file.close()
+
+    def discard(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+    @classmethod
+    def last_position(cls, path: Path) -> Position:
+        line = last_line(path)
+        try:
+            source = orjson.loads(line or b"")["source"]
+            return int(source["commit_lsn"]), int(source["seq"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DefiniteSinkError(
+                f"file sink: cannot read the last event position of {path}: {exc}"
+            ) from exc
+
+
+class TransactionLogWriter(JsonlTableWriter):
+    """``_transactions`` files: BEGIN is at ``(commit_lsn, 0)``, END at ``(commit_lsn, 1)``."""
+
+    @classmethod
+    def last_position(cls, path: Path) -> Position:
+        try:
+            marker = orjson.loads(last_line(path) or b"")
+            return int(marker["commit_lsn"]), 0 if marker["status"] == "BEGIN" else 1
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DefiniteSinkError(
+                f"file sink: cannot read the last transaction marker of {path}: {exc}"
+            ) from exc
+
+
+# --- publication -----------------------------------------------------------------------------
+
+
+class Publisher:
+    """Renames completed files into place and fsyncs the folders that changed."""
+
+    def __init__(self, fsync: bool) -> None:
+        self.fsync = fsync
+        self._dirty: set[Path] = set()
+
+    def make_dir(self, path: Path) -> None:
+        if not path.is_dir():
+            path.mkdir(parents=True, exist_ok=True)
+            self._dirty.add(path.parent)
+
+    def mark_dirty(self, folder: Path) -> None:
+        self._dirty.add(folder)
+
+    def publish(self, tmp: Path, final: Path) -> None:
+        os.replace(tmp, final)
+        self._dirty.add(final.parent)
+
+    def write_file(self, final: Path, data: bytes) -> None:
+        """Write a small file completely and publish it."""
+        tmp = temp_path(final)
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+        self.publish(tmp, final)
+
+    def take_dirty(self) -> set[Path]:
+        """The folders changed since the last call, for a publication job to fsync."""
+        dirty, self._dirty = self._dirty, set()
+        return dirty
+
+    def sync(self) -> None:
+        sync_folders(self.take_dirty(), self.fsync)
+
+    def publish_files(self, files: Sequence[tuple[TableWriter, Path]], dirty: set[Path]) -> None:
+        publish_files(files, dirty, self.fsync)
+
+
+def sync_folders(folders: Iterable[Path], fsync: bool) -> None:
+    """fsync folders, deepest first (``_schema`` before its table, tables before the root), so
+    a published file's folder entry is durable before its parent's."""
+    if not fsync:
+        return
+    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise io_error(exc, "fsync folder", path) from exc
+
+
+def publish_files(files: Sequence[tuple[TableWriter, Path]], dirty: set[Path], fsync: bool) -> None:
+    """One publication job (run in a worker thread): complete each file (fsync), rename it
+    into place, in the order given, then fsync every folder that changed."""
+    for writer, final in files:
+        try:
+            writer.finish()
+            os.replace(writer.path, final)
+        except OSError as exc:
+            raise io_error(exc, "publish", final) from exc
+        dirty.add(final.parent)
+    sync_folders(dirty, fsync)

@@ -1,0 +1,169 @@
+"""The Kafka sink's configuration and its aiokafka-facing parts: connection arguments and the
+one place that translates aiokafka's exceptions (README "Kafka sink")."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from aiokafka import errors as kerrors
+from aiokafka.helpers import create_ssl_context
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
+from cdcd.events import SinkContext
+from cdcd.lsn import format_lsn
+from cdcd.units import ByteSize, Duration
+
+MiB = 1024 * 1024
+
+# A record as handed to a batch, kept for replays and error messages:
+# (key, value, headers, timestamp_ms, where); ``where`` is an event's
+# (commit_lsn, seq, lsn, suffix) or a marker's text, formatted only for an error message.
+Where = tuple[int, int, int, str] | str
+Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int, Where]
+
+
+def where_text(where: Where) -> str:
+    if isinstance(where, str):
+        return where
+    commit_lsn, seq, lsn, suffix = where
+    return f"commit_lsn {format_lsn(commit_lsn)} seq {seq} (LSN {format_lsn(lsn)}){suffix}"
+
+
+def compression_available(codec: str) -> bool:
+    """Whether aiokafka can use ``codec`` here (lz4/zstd/snappy need cramjam)."""
+    from aiokafka import codec as kcodec
+
+    checks = {
+        "none": lambda: True,
+        "gzip": kcodec.has_gzip,
+        "lz4": kcodec.has_lz4,
+        "zstd": kcodec.has_zstd,
+        "snappy": kcodec.has_snappy,
+    }
+    return bool(checks[codec]())
+
+
+class KafkaSinkConfig(BaseModel):
+    """The ``type: kafka`` sink section. Durations and sizes as in :mod:`cdcd.units`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bootstrap_servers: str | list[str]
+    topic_prefix: str | None = None  # default: the pipeline name
+    routing: dict[str, str] = Field(default_factory=dict)  # "schema.table" -> topic
+    tombstones: bool = True
+    transaction_topic: bool = False
+    message_topic: str | None = None  # default: <prefix>.message
+    acks: Literal["all", 1, 0] = "all"
+    idempotence: bool = True
+    # zstd: aiokafka compresses lz4 at level 9 (LZ4 HC), ~2.5x zstd's CPU for a worse ratio
+    compression: Literal["lz4", "zstd", "gzip", "snappy", "none"] = "zstd"
+    linger_ms: int = Field(default=5, ge=0)
+    max_batch_size: ByteSize = Field(default=1 * MiB, ge=1024)
+    max_request_size: ByteSize = Field(default=1 * MiB, ge=1024)
+    buffer_records: int = Field(default=20_000, ge=1)
+    buffer_bytes: ByteSize = Field(default=64 * MiB, ge=1024)
+    create_topics: bool = True
+    partitions: int = Field(default=1, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    request_timeout: Duration = 30.0
+    retry_backoff: Duration = 0.5
+    give_up_after: Duration | None = None  # at start: None = retry for ever
+    client_id: str | None = None  # default: cdcd-<name>
+
+    @field_validator("acks", mode="before")
+    @classmethod
+    def _acks(cls, value: object) -> object:
+        return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
+def client_kwargs(c: KafkaSinkConfig, context: SinkContext) -> dict[str, Any]:
+    """aiokafka's connection arguments (producer and admin client) for this config."""
+
+    def path(value: str | None) -> str | None:
+        return None if value is None else str(context.config_dir / value)
+
+    kwargs: dict[str, Any] = {
+        "bootstrap_servers": c.bootstrap_servers,
+        "client_id": c.client_id or f"cdcd-{context.name}",
+        "request_timeout_ms": int(c.request_timeout * 1000),
+        "retry_backoff_ms": int(c.retry_backoff * 1000),
+        "security_protocol": c.security_protocol,
+    }
+    if c.security_protocol in ("SSL", "SASL_SSL"):
+        kwargs["ssl_context"] = create_ssl_context(
+            cafile=path(c.ssl_cafile),
+            certfile=path(c.ssl_certfile),
+            keyfile=path(c.ssl_keyfile),
+        )
+    if c.security_protocol.startswith("SASL"):
+        kwargs["sasl_mechanism"] = c.sasl_mechanism
+        kwargs["sasl_plain_username"] = c.sasl_username
+        if c.sasl_password is not None:
+            kwargs["sasl_plain_password"] = c.sasl_password.get_secret_value()
+    return kwargs
+
+
+def translate_error(
+    exc: BaseException,
+    config: KafkaSinkConfig,
+    bootstrap: str,
+    *,
+    topic: str | None = None,
+    record: Record | None = None,
+    starting: bool = False,
+) -> SinkError:
+    """The one place aiokafka's exceptions become cdcd's (:mod:`cdcd.errors`): definite or
+    transient, naming the topic and the record (``record``: the failing one, a batch's first)."""
+    if isinstance(exc, SinkError):
+        return exc
+    where = f" at {where_text(record[4])}" if record is not None and record[4] else ""
+    if isinstance(exc, kerrors.MessageSizeTooLargeError | kerrors.RecordListTooLargeError):
+        size: int | str = "?"
+        key = None
+        if record is not None:
+            size = len(record[0] or b"") + len(record[1] or b"")
+            key = record[0].decode(errors="replace") if record[0] else None
+        return DefiniteSinkError(
+            f"kafka: record for topic {topic!r} with key {key} is about {size} bytes, more "
+            f"than max_request_size ({config.max_request_size}) or the broker's limit"
+            f"{where}: raise sinks.kafka.max_request_size and the topic's max.message.bytes "
+            f"({exc})"
+        )
+    if isinstance(
+        exc, kerrors.TopicAuthorizationFailedError | kerrors.ClusterAuthorizationFailedError
+    ):
+        return DefiniteSinkError(
+            f"kafka: not authorized for topic {topic!r}{where}: grant the principal write "
+            f"(and create, with create_topics) on it ({exc!r})"
+        )
+    if isinstance(exc, kerrors.UnknownTopicOrPartitionError) and not config.create_topics:
+        return DefiniteSinkError(
+            f"kafka: topic {topic!r} does not exist and create_topics is false{where}"
+        )
+    if isinstance(exc, kerrors.InvalidTopicError):
+        return DefiniteSinkError(f"kafka: invalid topic name {topic!r}{where} ({exc!r})")
+    if (
+        starting
+        and config.idempotence
+        and isinstance(exc, kerrors.BrokerResponseError)
+        and not exc.retriable
+    ):
+        return DefiniteSinkError(
+            f"kafka: the broker at {bootstrap} rejected the idempotent producer "
+            f"(InitProducerId failed: {exc!r}); set `idempotence: false` in the kafka sink "
+            "for brokers without idempotent producers (e.g. tansu)"
+        )
+    if isinstance(
+        exc, kerrors.KafkaTimeoutError | kerrors.KafkaConnectionError | TimeoutError | OSError
+    ) or (isinstance(exc, kerrors.KafkaError) and exc.retriable):
+        return TransientSinkError(f"kafka: {bootstrap}: {exc!r}{where}")
+    return DefiniteSinkError(f"kafka: {exc!r}{where} (topic {topic!r})")
