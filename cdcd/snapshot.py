@@ -84,8 +84,17 @@ class SnapshotState:
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself survives a crash
+        finally:
+            os.close(fd)
 
-    def start(self, consistent_point: int) -> None:
+    def start(self, consistent_point: int | None = None) -> None:
+        """A snapshot is under way. Written before the slot is created (``None``: no slot yet)
+        and again with its consistent point once it is: whenever cdcd stops in between, the
+        next start finds a snapshot not finished and takes it again on a new slot, instead of
+        finding a slot and skipping the rows that existed before it."""
         self._write({"status": "running", "consistent_point": consistent_point})
 
     def finish(self, consistent_point: int) -> None:

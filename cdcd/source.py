@@ -232,6 +232,7 @@ class Source:
                     "'cdcd slot create' or set source.create_slot: true"
                 )
             if wants_snapshot:
+                state.start()  # before the slot exists: a crash from here on snapshots again
                 plan = await self.create_slot_with_snapshot(state)
             else:
                 await self.create_slot()
