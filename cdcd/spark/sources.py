@@ -10,9 +10,10 @@ Files (CONTRACT §4). One table folder ``<path>/<schema>.<table>`` is read with 
 file source. Spark skips every file *and folder* whose name starts with ``_`` or ``.`` (the
 ``_schema/`` folder, the sink's hidden in-progress files), which is exactly the sink's rule
 for "not a data file"; ``pathGlobFilter`` also restricts the read to the format's suffix.
-JSON Lines are read with an inferred schema unless one is given (a streaming read needs one:
-:func:`event_schema` infers it from the files already there); Parquet folders are read with
-``mergeSchema`` because the sink starts a new file when the table's columns change.
+JSON Lines are read with an explicit schema built from the table's ``_schema/`` files
+(:mod:`cdcd.spark.schema`: no inference pass over the data) unless one is given; Parquet
+folders are read with ``mergeSchema`` (the footers' schemas) because the sink starts a new file
+when the table's columns change.
 
 Kafka (CONTRACT §5). The Kafka source jar is not part of PySpark. In production::
 
@@ -99,16 +100,20 @@ def events_from_files(
         if schema is not None:
             reader = reader.schema(schema)
         return reader.parquet(folder)
+    if schema is None:
+        schema = event_schema(spark, path, table)
     reader = spark.read.option("pathGlobFilter", "*.jsonl").option("mode", "FAILFAST")
-    if schema is not None:
-        reader = reader.schema(schema)
-    return reader.json(folder)
+    return reader.schema(schema).json(folder)
 
 
 def event_schema(spark: SparkSession, path: str, table: str, format: str = "jsonl") -> StructType:
-    """The event schema of the files already in a table folder (for streaming reads, which
-    cannot infer one)."""
-    return events_from_files(spark, path, table, format).schema
+    """The event schema of a table folder: from its ``_schema/`` files for JSON Lines, from
+    the Parquet files' footers for Parquet (streaming reads need one)."""
+    if _check_format(format) == "parquet":
+        return events_from_files(spark, path, table, format).schema
+    from cdcd.spark.schema import event_schema_from_files
+
+    return event_schema_from_files(spark, path, table)
 
 
 def kafka_records_frame(spark: SparkSession, records: Iterable[Any]) -> DataFrame:
