@@ -2,12 +2,15 @@
 
 Fixtures (import them into a test module: ``from tests.sparkutil import spark``):
 
-* ``spark``: a classic local SparkSession (one JVM per test session).
-* ``spark_connect``: a Spark Connect session to a local Connect server that the fixture starts
-  as a child process (``spark-submit --class ...SparkConnectServer`` from the pyspark wheel, on
-  a free loopback port) and stops at the end; the jobs' Python functions (``foreachBatch``)
-  run in workers the server starts with this interpreter.
-* ``any_spark``: parametrised over both (``classic``, ``connect``).
+* ``spark``: a classic local SparkSession (one JVM per test session) or, when the environment
+  variable ``CDCD_TEST_SPARK_REMOTE`` holds a Spark Connect URL, a Spark Connect session to it.
+  (PySpark allows one kind per process: its functions build classic or Connect columns by a
+  process-wide switch.)
+* ``connect_server``: a local Spark Connect server started as a child process
+  (``spark-submit --class ...SparkConnectServer`` from the pyspark wheel, on a free loopback
+  port), its URL; stopped at the end. The jobs' Python functions (``foreachBatch``) run in
+  workers the server starts with this interpreter. Tests run the Spark test modules again in
+  a child pytest pointed at it.
 
 All skip when pyspark is missing or no JVM can be found (``java`` on PATH or ``JAVA_HOME``).
 
@@ -45,9 +48,15 @@ def spark() -> Iterator[Any]:
     """A local SparkSession (``local[2]``, no UI, 1 shuffle partition: the data is tiny and
     every partition is a task to schedule; UTC), shared by the test session."""
     _require_spark()
-    from cdcd.spark.session import local_session
+    remote = os.environ.get("CDCD_TEST_SPARK_REMOTE")
+    if remote:
+        from pyspark.sql import SparkSession
 
-    session = local_session("cdcd-tests", master="local[2]", memory="512m", partitions=1)
+        session = SparkSession.builder.remote(remote).getOrCreate()
+    else:
+        from cdcd.spark.session import local_session
+
+        session = local_session("cdcd-tests", master="local[2]", memory="512m", partitions=1)
     try:
         yield session
     finally:
@@ -61,11 +70,10 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A Spark Connect session to a local Connect server started for the test session."""
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local Spark Connect server for the test session: its ``sc://`` URL."""
     _require_spark()
     import pyspark
-    from pyspark.sql import SparkSession
 
     home = Path(pyspark.__file__).parent
     port = _free_port()
@@ -99,9 +107,7 @@ def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                 if time.monotonic() > deadline:
                     pytest.fail(f"no Spark Connect server on {port}: {log.read_text()[-3000:]}")
                 time.sleep(0.5)
-        session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
-        yield session
-        session.stop()
+        yield f"sc://127.0.0.1:{port}"
     finally:
         server.terminate()
         try:
@@ -109,12 +115,6 @@ def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-
-
-@pytest.fixture(params=["classic", "connect"])
-def any_spark(request: pytest.FixtureRequest) -> Any:
-    """The classic session, then the Spark Connect one."""
-    return request.getfixturevalue("spark" if request.param == "classic" else "spark_connect")
 
 
 def change_event(

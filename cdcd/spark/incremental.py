@@ -100,9 +100,9 @@ def state_layout(
             raise ValueError(f"{dst} is bucketed as {stored!r}, not {wanted!r}: rebuild it")
         _LAYOUTS[dst] = stored
         return stored
-    spark.createDataFrame([(wanted,)], "layout string").coalesce(1).write.mode(
-        "overwrite"
-    ).json(f"{dst}/{LAYOUT_FOLDER}")
+    spark.createDataFrame([(wanted,)], "layout string").coalesce(1).write.mode("overwrite").json(
+        f"{dst}/{LAYOUT_FOLDER}"
+    )
     _LAYOUTS[dst] = wanted
     return wanted
 
@@ -125,7 +125,7 @@ def read_state(
     return rows.select(*columns) if columns is not None else rows
 
 
-def _key_values(events: DataFrame, keys: list[str], types: dict[str, DataType]) -> DataFrame:
+def key_values(events: DataFrame, keys: list[str], types: dict[str, DataType]) -> DataFrame:
     """The key values of every row event and of every ``source.old_key``."""
     key_type = events.schema["key"].dataType if "key" in events.columns else None
 
@@ -173,7 +173,7 @@ def apply_batch(
     if state is not None and not figures["t"]:  # a truncate touches every bucket
         touched = sorted(
             r[0]
-            for r in _key_values(events, keys, types)
+            for r in key_values(events, keys, types)
             .select(bucket_of(layout, [F.col(k) for k in keys]).alias(BUCKET))
             .distinct()
             .collect()
@@ -223,9 +223,9 @@ def rebuild(
     state = apply_changes(None, events, keys)
     state = state.withColumn(BUCKET, bucket_of(resolved, [F.col(k) for k in keys]))
     state.repartition(BUCKET).write.mode("overwrite").partitionBy(BUCKET).parquet(dst)
-    spark.createDataFrame([(resolved,)], "layout string").coalesce(1).write.mode(
-        "overwrite"
-    ).json(f"{dst}/{LAYOUT_FOLDER}")
+    spark.createDataFrame([(resolved,)], "layout string").coalesce(1).write.mode("overwrite").json(
+        f"{dst}/{LAYOUT_FOLDER}"
+    )
     _LAYOUTS[dst] = resolved
     log.info("rebuilt %s (%s)", dst, resolved)
 

@@ -36,7 +36,6 @@ from cdcd.spark.columns import (
 _SIGN = "_cdc_sign"
 
 
-
 def apply_keyless(
     state: DataFrame | None,
     rows: DataFrame,
@@ -45,7 +44,7 @@ def apply_keyless(
     types: dict[str, DataType],
 ) -> DataFrame:
     columns = list(types)
-    row_type = row_type(rows)
+    rtype = row_type(rows)
     has_before = isinstance(rows.schema["before"].dataType, StructType)
 
     def image(side: str, fill_from_before: bool) -> Column:
@@ -54,7 +53,7 @@ def apply_keyless(
             value = field(side, c, rows)
             if value is None:
                 value = F.lit(None)
-            if fill_from_before and has_before and c in row_type.fieldNames():
+            if fill_from_before and has_before and c in rtype.fieldNames():
                 value = F.when(unchanged(rows, c), field("before", c, rows)).otherwise(value)
             values.append(value.cast(types[c]).alias(c))
         return F.struct(*values)

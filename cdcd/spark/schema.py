@@ -44,6 +44,7 @@ shows the newest version's columns.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from pyspark.sql import SparkSession
 from pyspark.sql.types import (
     ArrayType,

@@ -39,7 +39,8 @@ that delete when it came in an earlier micro-batch). Links are followed to their
 short), and the carry-forward window runs over these lineages instead of over keys. So a key
 changed twice in one transaction, updated in between, or changed in a batch after the delete
 half of the pair, rebuilds exactly. Without ``old_key`` (files from before the field existed)
-the create keeps the marker. Finding out whether a batch has such creates costs one pass over
+the create's unchanged columns are null, as is any unchanged TOAST value whose row the state
+never held (a stream read from its middle). Finding out whether a batch has such creates costs one pass over
 its events (cache them when reading them is expensive).
 
 Truncate (op ``t``). Every row whose position is before the newest truncate of the batch
