@@ -117,7 +117,8 @@ def read_state(
     ``with_metadata``), or None when no batch has been applied."""
     try:
         state = spark.read.option("mergeSchema", "true").parquet(dst)
-    except AnalysisException:
+        state.schema  # noqa: B018  (Spark Connect analyses lazily: fail here, not later)
+    except AnalysisException:  # no such folder, or no Parquet files in it yet
         return None
     if with_metadata:
         return state

@@ -29,7 +29,7 @@ UNDER_CONNECT = "not cli_help and not merge_into_delta"
 
 def test_no_classic_only_apis() -> None:
     """Nothing in cdcd.spark reaches into py4j, the SparkContext or RDDs."""
-    pattern = re.compile(r"_jvm|_jsc|sparkContext|SparkContext|\.rdd\b|\bRDD\b")
+    pattern = re.compile(r"\._jvm|\._jsc|\.sparkContext|SparkContext[.(]|\.rdd\b")
     found = [
         f"{path.name}:{n}: {line.strip()}"
         for path in sorted((ROOT / "cdcd" / "spark").glob("*.py"))
