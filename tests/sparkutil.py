@@ -199,7 +199,7 @@ def key_change(
 
 def write_jsonl(folder: Path, events: list[dict[str, Any]], per_file: int = 1000) -> list[Path]:
     """``events`` (in position order) as JSON Lines files named as the file sink names them,
-    ``per_file`` events each; returns the paths."""
+    ``per_file`` events each, modification times in name order; returns the paths."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(0, len(events), per_file):
@@ -207,6 +207,10 @@ def write_jsonl(folder: Path, events: list[dict[str, Any]], per_file: int = 1000
         source = chunk[0]["source"]
         path = folder / f"{source['commit_lsn']:016X}-{source['seq']:08X}.jsonl"
         path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in chunk))
+        # modification times in name order, as the sink publishes them (Spark's streaming
+        # file source takes files by modification time)
+        stamp = 1_700_000_000 + source["commit_lsn"] * 1000 + source["seq"]
+        os.utime(path, (stamp, stamp))
         paths.append(path)
     return paths
 
