@@ -193,6 +193,46 @@ def test_schema_from_files_and_a_schema_change(spark: Any, tmp_path: Path) -> No
     assert state[2]["at"] == dt.datetime(2024, 1, 2, 3, 4, 5)  # the session is in UTC
 
 
+def test_incremental_schema_change_and_keyless(spark: Any, tmp_path: Path) -> None:
+    """A column added between two micro-batches (each read with the schema of its time):
+    rows in buckets the second batch does not touch show null for it. Then a keyless table
+    (one bucket, a multiset) with a replay."""
+    src, dst = tmp_path / "src", str(tmp_path / "state")
+    folder = src / TABLE
+    v1 = [("id", "int4", 23, -1), ("note", "text", 25, -1)]
+    write_schema_file(folder, (10, 0), v1, ["id"])
+    first = [
+        change_event("c", (10, i), after={"id": i, "note": n}) for i, n in ((1, "a"), (2, "b"))
+    ]
+    path = write_jsonl(folder, first)[0]
+    read = spark.read.schema(event_schema(spark, str(src), TABLE))
+    apply_batch(spark, read.json(str(path)), dst, layout="range:1")
+    write_schema_file(folder, (20, 0), [*v1, ("qty", "int4", 23, -1)], ["id"])
+    second = [
+        change_event("u", (20, 0), after={"id": 1, "note": "a", "qty": 5}),
+        change_event("c", (20, 1), after={"id": 3, "note": "c", "qty": 7}),
+    ]
+    path = write_jsonl(tmp_path / "b2", second)[0]
+    read = spark.read.schema(event_schema(spark, str(src), TABLE))
+    apply_batch(spark, read.json(str(path)), dst)
+    state = read_state(spark, dst, columns=["id", "note", "qty"])
+    assert rows(state) == {(1, "a", 5), (2, "b", None), (3, "c", 7)}
+
+    keyless = tmp_path / "keyless"
+    write_schema_file(keyless / TABLE, (10, 0), v1, None)
+    row = {"id": 0, "note": "same"}
+    events = [
+        change_event("c", (10, 0), after=row, key=None),
+        change_event("c", (10, 1), after=row, key=None),
+        change_event("d", (20, 0), before=row, key=None),
+    ]
+    write_jsonl(keyless / TABLE, events)
+    ks = str(tmp_path / "keyless-state")
+    for _ in range(2):  # the second run is a replay
+        apply_batch(spark, events_from_files(spark, str(keyless), TABLE), ks)
+        assert [tuple(r) for r in read_state(spark, ks).collect()] == [(0, "same")]
+
+
 def test_streaming_under_both_sessions(spark: Any, key_changes: Path, tmp_path: Path):
     """``stream_files_to_parquet`` one file per micro-batch, then a copy of a file (a replay)
     on the same checkpoint."""
