@@ -79,18 +79,26 @@ def _keys(values: list[str]) -> list[str] | None:
     return keys or None
 
 
+def _log_to_stderr() -> None:
+    """Progress to stderr at INFO (PySpark may have configured the root logger already)."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
-    """Run a job; ``spark`` is a session to use (and leave running) instead of a new one."""
+    """Run a job; ``spark`` is a session to use (and leave running) instead of a new one
+    (then logging is the caller's to configure; otherwise progress goes to stderr)."""
     args = _parser().parse_args(argv)
     if args.job == "apply" and not (args.output or args.merge_into):
         _parser().error("apply needs --output DIR or --merge-into TABLE")
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
-        )
     if spark is not None:
         run(spark, args)
         return 0
+    _log_to_stderr()
     from pyspark.sql import SparkSession
 
     from cdcd.spark.session import local_session

@@ -288,6 +288,25 @@ def test_cli_stream_logs_progress(
     assert sum("buckets rewritten (hash:4)" in r.getMessage() for r in caplog.records) == 2
 
 
+@pytest.mark.skipif(bool(os.environ.get("CDCD_TEST_SPARK_REMOTE")), reason="own JVM")
+def test_cli_under_spark_submit(spark: Any, key_changes: Path, tmp_path: Path) -> None:
+    """``spark-submit cdcd/spark/cli.py apply ...`` uses the submitted session and logs."""
+    import pyspark
+
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    out = tmp_path / "state"
+    cmd = [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+    cmd += [spark_cli.__file__, "apply", "--input", str(key_changes), "--table", TABLE]
+    cmd += ["--output", str(out)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    env.update(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr  # spark-submit merges the driver's stderr into stdout
+    assert "buckets rewritten" in output and "apply public.orders: done" in output
+    assert rows(read_state(spark, str(out))) == EXPECTED
+
+
 def test_cli_help() -> None:
     for job in ("apply", "state", "history", "stream"):
         proc = subprocess.run(
