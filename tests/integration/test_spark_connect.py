@@ -22,9 +22,9 @@ from tests.sparkutil import connect_server  # noqa: F401
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Tests of test_spark_incremental.py that run again under Spark Connect (the CLI help and
-#: the Delta run do not involve a session).
-UNDER_CONNECT = "not cli_help and not merge_into_delta"
+#: Tests of test_spark_incremental.py that run again under Spark Connect (the CLI help, the
+#: spark-submit run and the Delta run start no session of the test's).
+UNDER_CONNECT = "not cli_help and not merge_into_delta and not spark_submit"
 
 
 def test_no_classic_only_apis() -> None:
