@@ -156,7 +156,7 @@ def apply_batch(
     batch_id: int | None = None,
 ) -> dict[str, float]:
     """Apply one batch of ``events`` to the bucketed state under ``dst``; returns figures
-    (events, buckets rewritten, seconds) also logged at INFO."""
+    (events, buckets rewritten: -1 for all, seconds, newest commit_lsn) also logged at INFO."""
     started = time.monotonic()
     events = events.localCheckpoint()  # read once, used for buckets, state and changes
     keys = list(default_key_columns(events) if key_columns is None else key_columns)
@@ -199,11 +199,11 @@ def apply_batch(
         "commit_lsn": float(figures["p"][0] or 0),
     }
     log.info(
-        "batch %s: %d events up to commit_lsn %s, %d buckets rewritten (%s), %.2fs",
+        "batch %s: %d events up to commit_lsn %s, %s buckets rewritten (%s), %.2fs",
         "-" if batch_id is None else batch_id,
         figures["n"],
         figures["p"][0],
-        buckets,
+        "all" if buckets < 0 else buckets,
         layout,
         out["seconds"],
     )
