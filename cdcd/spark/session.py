@@ -43,7 +43,7 @@ def local_session(
         .config("spark.default.parallelism", str(partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.log.level", "ERROR")
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
     return spark

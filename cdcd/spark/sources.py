@@ -1,20 +1,21 @@
 """Reading cdcd's change events into Spark DataFrames: file sink folders and Kafka records.
 
-Every reader returns *events*: a DataFrame with the change event's fields (CONTRACT §3) as
+Every reader returns *events*: a DataFrame with the change event's fields (README "Change events") as
 columns: ``before``, ``after`` (structs of the table's columns), ``op``, ``source`` (struct,
 ``source.commit_lsn`` and ``source.seq`` are the event's position), ``ts_ms``,
 ``transaction`` and ``key`` (struct of the key columns; absent or null for a keyless table).
 :mod:`cdcd.spark.state` turns events into table state.
 
-Files (CONTRACT §4). One table folder ``<path>/<schema>.<table>`` is read with Spark's own
+Files (README "File sink"). One table folder ``<path>/<schema>.<table>`` is read with Spark's own
 file source. Spark skips every file *and folder* whose name starts with ``_`` or ``.`` (the
 ``_schema/`` folder, the sink's hidden in-progress files), which is exactly the sink's rule
 for "not a data file"; ``pathGlobFilter`` also restricts the read to the format's suffix.
-JSON Lines are read with an inferred schema unless one is given (a streaming read needs one:
-:func:`event_schema` infers it from the files already there); Parquet folders are read with
-``mergeSchema`` because the sink starts a new file when the table's columns change.
+JSON Lines are read with an explicit schema built from the table's ``_schema/`` files
+(:mod:`cdcd.spark.schema`: no inference pass over the data) unless one is given; Parquet
+folders are read with ``mergeSchema`` (the footers' schemas) because the sink starts a new file
+when the table's columns change.
 
-Kafka (CONTRACT §5). The Kafka source jar is not part of PySpark. In production::
+Kafka (README "Kafka sink"). The Kafka source jar is not part of PySpark. In production::
 
     records = (spark.readStream.format("kafka")
                .option("kafka.bootstrap.servers", "broker:9092")
@@ -50,6 +51,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdcd.spark.schema import event_schema_from_files, table_folder
+
 FORMATS = ("jsonl", "parquet")
 
 #: The columns of Spark's Kafka source (with ``includeHeaders``).
@@ -72,13 +75,6 @@ KAFKA_RECORD_SCHEMA = StructType(
 )
 
 
-def table_folder(path: str, table: str) -> str:
-    """``<path>/<schema>.<table>``; ``table`` is ``schema.table``."""
-    if "." not in table:
-        raise ValueError(f"table must be 'schema.table', got {table!r}")
-    return f"{path.rstrip('/')}/{table}"
-
-
 def _check_format(fmt: str) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -99,16 +95,19 @@ def events_from_files(
         if schema is not None:
             reader = reader.schema(schema)
         return reader.parquet(folder)
+    if schema is None:
+        schema = event_schema(spark, path, table)
     reader = spark.read.option("pathGlobFilter", "*.jsonl").option("mode", "FAILFAST")
-    if schema is not None:
-        reader = reader.schema(schema)
-    return reader.json(folder)
+    return reader.schema(schema).json(folder)
 
 
 def event_schema(spark: SparkSession, path: str, table: str, format: str = "jsonl") -> StructType:
-    """The event schema of the files already in a table folder (for streaming reads, which
-    cannot infer one)."""
-    return events_from_files(spark, path, table, format).schema
+    """The event schema of a table folder: from its ``_schema/`` files for JSON Lines, from
+    the Parquet files' footers for Parquet (streaming reads need one)."""
+    if _check_format(format) == "parquet":
+        return events_from_files(spark, path, table, format).schema
+
+    return event_schema_from_files(spark, path, table)
 
 
 def kafka_records_frame(spark: SparkSession, records: Iterable[Any]) -> DataFrame:

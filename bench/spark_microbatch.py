@@ -1,0 +1,181 @@
+"""What a micro-batch of the incremental Spark state costs next to a full rebuild.
+
+    python -m bench.spark_microbatch [--rows 1000000] [--batch 1000] [--layout auto]
+
+Writes a table folder the way the file sink does (``_schema/`` file, JSON Lines files named by
+position) holding ``--rows`` inserts, then times, on a local ``local[2]`` session:
+
+* **rebuild**: :func:`cdcd.spark.incremental.rebuild` over all the files (read, fold, write
+  the bucketed state);
+* **micro-batch, OLTP**: :func:`cdcd.spark.incremental.apply_batch` of ``--batch`` events
+  shaped like an OLTP table's stream: half inserts of new keys, 40% updates and 10% deletes of
+  rows among the newest 20,000 (three different batches; the median is reported);
+* **replay**: the last batch applied again (changes nothing);
+* **micro-batch, random keys**: ``--batch`` updates of keys drawn uniformly from the whole
+  table (every bucket touched: the worst case of any bucketed layout).
+
+Prints one JSON object with the seconds and the ratios to the rebuild.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+TABLE = "public.orders"
+COLUMNS = [("id", "int8", 20, -1), ("name", "text", 25, -1), ("qty", "int4", 23, -1)]
+COLUMNS += [("note", "text", 25, -1)]
+
+
+def _event(op: str, lsn: int, seq: int, row: dict[str, Any]) -> bytes:
+    after = row if op != "d" else None
+    before = {"id": row["id"], "name": None, "qty": None, "note": None} if op == "d" else None
+    source = {"schema": "public", "table": "orders", "commit_lsn": lsn, "seq": seq}
+    source["ts_us"] = 1_732_233_600_000_000 + lsn
+    return orjson.dumps(
+        {"before": before, "after": after, "source": source, "op": op, "key": {"id": row["id"]}}
+    )
+
+
+def _row(i: int, version: int = 0) -> dict[str, Any]:
+    return {"id": i, "name": f"customer {i}", "qty": version, "note": f"note {i} " + "x" * 40}
+
+
+def write_initial(spark: Any, folder: Path, rows: int) -> None:
+    """``rows`` inserts at positions (i, 0), written by Spark as JSON Lines, renamed as the
+    sink names files."""
+    from pyspark.sql import functions as F
+
+    (folder / "_schema").mkdir(parents=True)
+    doc = {
+        "schema": "public",
+        "table": "orders",
+        "key": ["id"],
+        "commit_lsn": 1,
+        "seq": 0,
+        "columns": [
+            {"name": n, "type": t, "type_oid": o, "typmod": m, "key": n == "id"}
+            for n, t, o, m in COLUMNS
+        ],
+    }
+    (folder / "_schema" / f"{1:016X}-{0:08X}.json").write_bytes(orjson.dumps(doc))
+    i = F.col("id")
+    after = F.struct(
+        i.alias("id"),
+        F.concat(F.lit("customer "), i).alias("name"),
+        F.lit(0).alias("qty"),
+        F.concat(F.lit("note "), i, F.lit(" " + "x" * 40)).alias("note"),
+    )
+    source = F.struct(
+        F.lit("public").alias("schema"),
+        F.lit("orders").alias("table"),
+        i.alias("commit_lsn"),
+        F.lit(0).alias("seq"),
+        (F.lit(1_732_233_600_000_000) + i).alias("ts_us"),
+    )
+    event = F.struct(
+        F.lit(None).cast("string").alias("before"),
+        after.alias("after"),
+        source.alias("source"),
+        F.lit("c").alias("op"),
+        F.struct(i.alias("id")).alias("key"),
+    )
+    staging = folder.parent / "_staging"
+    spark.range(1, rows + 1, numPartitions=8).select(F.to_json(event)).write.text(str(staging))
+    for n, part in enumerate(sorted(staging.glob("part-*.txt"))):
+        part.rename(folder / f"{1 + n * (rows // 8):016X}-{0:08X}.jsonl")
+    shutil.rmtree(staging)
+
+
+def write_batch(path: Path, events: list[bytes]) -> Path:
+    path.write_bytes(b"\n".join(events) + b"\n")
+    return path
+
+
+def oltp_batch(rows: int, size: int, lsn: int, rng: random.Random, new_from: int) -> list[bytes]:
+    events = []
+    for seq in range(size):
+        kind = rng.random()
+        if kind < 0.5:
+            events.append(_event("c", lsn, seq, _row(new_from + seq)))
+        else:
+            key = rng.randint(rows - 20_000, rows)
+            events.append(_event("u" if kind < 0.9 else "d", lsn, seq, _row(key, lsn)))
+    return events
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--layout", default="auto")
+    parser.add_argument("--memory", default="2g")
+    args = parser.parse_args()
+
+    from cdcd.spark.incremental import apply_batch, read_state, rebuild
+    from cdcd.spark.session import local_session
+    from cdcd.spark.sources import event_schema, events_from_files
+
+    spark = local_session("cdcd-bench", master="local[2]", memory=args.memory, partitions=8)
+    work = Path(tempfile.mkdtemp(prefix="cdcd-spark-bench-"))
+    try:
+        src, dst = work / "out", str(work / "state")
+        write_initial(spark, src / TABLE, args.rows)
+        schema = event_schema(spark, str(src), TABLE)
+        started = time.monotonic()
+        rebuild(spark, events_from_files(spark, str(src), TABLE), dst, layout=args.layout)
+        full = time.monotonic() - started
+        rng = random.Random(17)
+        lsn, new_from, oltp, figures = args.rows + 10, args.rows + 1, [], {}
+        for _ in range(3):
+            path = write_batch(
+                work / f"b{lsn}.jsonl", oltp_batch(args.rows, args.batch, lsn, rng, new_from)
+            )
+            started = time.monotonic()
+            figures = apply_batch(spark, spark.read.schema(schema).json(str(path)), dst)
+            oltp.append(time.monotonic() - started)
+            lsn, new_from = lsn + 1, new_from + args.batch
+        started = time.monotonic()
+        apply_batch(spark, spark.read.schema(schema).json(str(path)), dst)
+        replay = time.monotonic() - started
+        randoms = [
+            _event("u", lsn, seq, _row(rng.randint(1, args.rows), lsn)) for seq in range(args.batch)
+        ]
+        path = write_batch(work / "random.jsonl", randoms)
+        started = time.monotonic()
+        random_figures = apply_batch(spark, spark.read.schema(schema).json(str(path)), dst)
+        random_batch = time.monotonic() - started
+        state = read_state(spark, dst)
+        assert state is not None
+        result = {
+            "rows": args.rows,
+            "batch_events": args.batch,
+            "layout": args.layout,
+            "rebuild_s": round(full, 2),
+            "oltp_batch_s": [round(s, 2) for s in oltp],
+            "oltp_batch_median_s": round(statistics.median(oltp), 2),
+            "oltp_buckets_rewritten": figures["buckets"],
+            "oltp_ratio": round(statistics.median(oltp) / full, 3),
+            "replay_s": round(replay, 2),
+            "random_batch_s": round(random_batch, 2),
+            "random_buckets_rewritten": random_figures["buckets"],
+            "random_ratio": round(random_batch / full, 3),
+            "state_rows": state.count(),
+        }
+        print(json.dumps(result, indent=2))
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

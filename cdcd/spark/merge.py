@@ -1,0 +1,127 @@
+"""Applying micro-batches to a Delta Lake or Apache Iceberg table with ``MERGE INTO``.
+
+:func:`merge_changes` applies one batch of a table's events to a table format's table that
+holds the table's columns plus ``_cdc_commit_lsn`` and ``_cdc_seq`` (the position of each
+row's newest event; with ``tombstones=True`` also ``_cdc_deleted``):
+
+1. the target rows of the batch's keys (and of key-change creates' ``old_key``) are read;
+2. :func:`cdcd.spark.state.apply_changes` folds the batch onto them: the latest event per key
+   by ``(commit_lsn, seq)``, unchanged TOAST values and key changes filled, deletes as
+   tombstones, a truncate cutting every older row;
+3. one ``MERGE INTO`` (:func:`merge_sql`) writes the result: a matched row is updated only
+   when the incoming position is newer, deleted when the incoming row is a delete (or, with
+   ``tombstones=True``, kept as a tombstone so that a replayed older event cannot insert it
+   again), a new key is inserted unless deleted; with a truncate in the batch,
+   ``WHEN NOT MATCHED BY SOURCE`` deletes every row older than the truncate.
+
+The statement is the same for Delta (``delta-spark``) and Iceberg (``iceberg-spark-runtime``,
+``WHEN NOT MATCHED BY SOURCE`` needs Iceberg 1.5+ on Spark 3.5+); plain Spark parses and
+analyses it but cannot run it (``MERGE INTO TABLE is not supported``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdcd.spark.columns import COMMIT_LSN, DELETED, SEQ, default_key_columns, row_type
+from cdcd.spark.incremental import key_values
+from cdcd.spark.state import apply_changes
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _newer(a: str, b: str) -> str:
+    return (
+        f"({a}.{COMMIT_LSN} > {b}.{COMMIT_LSN} OR "
+        f"({a}.{COMMIT_LSN} = {b}.{COMMIT_LSN} AND {a}.{SEQ} > {b}.{SEQ}))"
+    )
+
+
+def merge_sql(
+    target: str,
+    source: str,
+    keys: Sequence[str],
+    columns: Sequence[str],
+    truncate: tuple[int, int] | None = None,
+    tombstones: bool = False,
+) -> str:
+    """The ``MERGE INTO`` statement applying the rows of the view ``source`` (an
+    :func:`~cdcd.spark.state.apply_changes` result) to the table ``target``."""
+    if not keys:
+        raise ValueError("MERGE needs key columns (the table has no key)")
+    written = [*columns, COMMIT_LSN, SEQ, *([DELETED] if tombstones else [])]
+    on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+    assign = ", ".join(f"t.{_q(c)} = s.{_q(c)}" for c in written)
+    names = ", ".join(_q(c) for c in written)
+    values = ", ".join(f"s.{_q(c)}" for c in written)
+    lines = [f"MERGE INTO {target} AS t", f"USING {source} AS s", f"ON {on}"]
+    if not tombstones:
+        lines.append(f"WHEN MATCHED AND s.{DELETED} AND {_newer('s', 't')} THEN DELETE")
+    lines.append(f"WHEN MATCHED AND {_newer('s', 't')} THEN UPDATE SET {assign}")
+    inserted = "" if tombstones else f" AND NOT s.{DELETED}"
+    lines.append(f"WHEN NOT MATCHED{inserted} THEN INSERT ({names}) VALUES ({values})")
+    if truncate is not None:
+        lsn, seq = truncate
+        older = f"(t.{COMMIT_LSN} < {lsn} OR (t.{COMMIT_LSN} = {lsn} AND t.{SEQ} < {seq}))"
+        if tombstones:
+            cleared = ", ".join(f"t.{_q(c)} = NULL" for c in columns if c not in keys)
+            cut = f"t.{COMMIT_LSN} = {lsn}, t.{SEQ} = {seq}, t.{DELETED} = true"
+            sets = f"{cleared}, {cut}" if cleared else cut
+            lines.append(f"WHEN NOT MATCHED BY SOURCE AND {older} THEN UPDATE SET {sets}")
+        else:
+            lines.append(f"WHEN NOT MATCHED BY SOURCE AND {older} THEN DELETE")
+    return "\n".join(lines)
+
+
+def merge_source(
+    spark: SparkSession,
+    events: DataFrame,
+    target: str,
+    key_columns: Sequence[str] | None = None,
+    tombstones: bool = False,
+) -> tuple[DataFrame, list[str], list[str], tuple[int, int] | None]:
+    """The rows to merge (a DataFrame), the key and row columns, and the batch's newest
+    truncate position."""
+    keys = list(default_key_columns(events) if key_columns is None else key_columns)
+    types = {f.name: f.dataType for f in row_type(events).fields}
+    columns = list(types)
+    current = spark.table(target)
+    if not tombstones:
+        current = current.withColumn(DELETED, F.lit(False))
+    touched = key_values(events, keys, types).distinct()
+    held = current.join(touched, on=keys, how="left_semi")
+    rows = apply_changes(held, events, keys)
+    cut = (
+        events.where(F.col("op") == "t")
+        .agg(F.max(F.struct("source.commit_lsn", "source.seq")).alias("p"))
+        .collect()[0]["p"]
+    )
+    truncate = (int(cut[0]), int(cut[1])) if cut is not None else None
+    return rows, keys, columns, truncate
+
+
+def merge_changes(
+    spark: SparkSession,
+    events: DataFrame,
+    target: str,
+    key_columns: Sequence[str] | None = None,
+    tombstones: bool = False,
+) -> str:
+    """Apply one batch of ``events`` to the table ``target`` with ``MERGE INTO``; returns the
+    statement that ran."""
+    events = events.localCheckpoint()
+    rows, keys, columns, truncate = merge_source(spark, events, target, key_columns, tombstones)
+    view = f"cdcd_merge_{uuid.uuid4().hex[:12]}"
+    rows.localCheckpoint().createOrReplaceTempView(view)
+    try:
+        sql = merge_sql(target, view, keys, columns, truncate, tombstones)
+        spark.sql(sql)
+    finally:
+        spark.catalog.dropTempView(view)
+    return sql

@@ -1,0 +1,387 @@
+"""The incremental Spark jobs on real Spark, classic and through Spark Connect, over events
+written here exactly as cdcd's JSON Lines files look (:func:`tests.sparkutil.change_event`):
+key changes whose create leaves TOASTed columns unchanged (``source.old_key``/``new_key``), in
+one transaction, chained, updated in between and split across micro-batches; the bucketed
+state rewriting only the buckets a batch touches; replays; truncates; schemas from
+``_schema/`` files with a schema change; history; the MERGE statement.
+
+``test_spark_connect.py`` runs this module again through Spark Connect. End-to-end runs over
+what real cdcd writes from a real PostgreSQL are in
+``test_spark_jobs.py``.
+"""
+
+# ruff: noqa: F811  (fixtures are imported, then used as parameters)
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sparkutil import (  # noqa: F401
+    UNAVAILABLE,
+    change_event,
+    key_change,
+    spark,
+    write_jsonl,
+    write_schema_file,
+)
+
+pytest.importorskip("pyspark")
+
+from cdcd.spark import (
+    apply_batch,
+    event_schema,
+    events_from_files,
+    history,
+    latest_state,
+    merge_sql,
+    read_state,
+    stream_files_to_parquet,
+)
+from cdcd.spark import cli as spark_cli
+from cdcd.spark.incremental import BUCKET
+from cdcd.spark.merge import merge_source
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+TABLE = "public.orders"
+COLUMNS = [("id", "int4", 23, -1), ("note", "text", 25, -1), ("n", "int4", 23, -1)]
+U = UNAVAILABLE
+
+# Rows 4 and 5 hold TOASTed notes. Transaction 20 changes 4 → 104 (note unchanged), updates
+# 104 (note unchanged), then changes 104 → 204 (unchanged again). Transaction 30 changes
+# 5 → 105; its delete and create end up in different files (micro-batches), and transaction 40
+# updates 105 with the note unchanged. Transaction 50 inserts 4 again (the old key reused).
+KEY_CHANGES = [
+    change_event("c", (10, 0), after={"id": 4, "note": "big-4", "n": 1}),
+    change_event("c", (10, 1), after={"id": 5, "note": "big-5", "n": 1}),
+    change_event("c", (10, 2), after={"id": 6, "note": "six", "n": 1}),
+    *key_change((20, 0), {"id": 4}, {"id": 104, "note": "", "n": 2}, ["note"]),
+    change_event("u", (20, 2), after={"id": 104, "note": U, "n": 3}, toast=["note"]),
+    *key_change((20, 3), {"id": 104}, {"id": 204, "note": "", "n": 4}, ["note"]),
+    *key_change((30, 0), {"id": 5}, {"id": 105, "note": "", "n": 5}, ["note"]),
+    change_event("u", (40, 0), after={"id": 105, "note": U, "n": 6}, toast=["note"]),
+    change_event("c", (50, 0), after={"id": 4, "note": "new-4", "n": 7}),
+]
+EXPECTED = {(4, "new-4", 7), (6, "six", 1), (105, "big-5", 6), (204, "big-4", 4)}
+
+
+def table_folder(root: Path, events: list[dict[str, Any]], per_file: int) -> Path:
+    folder = root / TABLE
+    write_schema_file(folder, (10, 0), COLUMNS, ["id"])
+    write_jsonl(folder, events, per_file)
+    return folder
+
+
+def rows(df: Any) -> set[tuple[Any, ...]]:
+    return {tuple(r) for r in df.collect()}
+
+
+@pytest.fixture(scope="module")
+def key_changes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The events above in files of 7 events: the first file ends after the delete of 5."""
+    root = tmp_path_factory.mktemp("keychanges")
+    files = table_folder(root, KEY_CHANGES, per_file=7)
+    assert len(list(files.glob("*.jsonl"))) == 2
+    return root
+
+
+def test_latest_state_fills_key_changes(spark: Any, key_changes: Path) -> None:
+    events = events_from_files(spark, str(key_changes), TABLE)
+    assert rows(latest_state(events)) == EXPECTED
+    # without old_key (files from before the field) nothing says where the value is
+    bare = events.withColumn("source", events["source"].dropFields("old_key"))
+    assert (204, None, 4) in rows(latest_state(bare))
+
+
+def test_incremental_batches_and_replays(spark: Any, key_changes: Path, tmp_path: Path):
+    """File by file (the key change of 5 split across the two batches), then both again."""
+    dst = str(tmp_path / "state")
+    schema = event_schema(spark, str(key_changes), TABLE)
+    files = sorted(str(p) for p in (key_changes / TABLE).glob("*.jsonl"))
+    for path in files:
+        apply_batch(spark, spark.read.schema(schema).json(path), dst)
+    state = read_state(spark, dst)
+    assert state is not None and rows(state) == EXPECTED
+    before = rows(read_state(spark, dst, with_metadata=True))
+    apply_batch(spark, spark.read.schema(schema).json(files), dst)  # a replay
+    assert rows(read_state(spark, dst, with_metadata=True)) == before
+
+
+def test_history_matches_state(spark: Any, key_changes: Path) -> None:
+    events = events_from_files(spark, str(key_changes), TABLE)
+    versions = history(events).cache()
+    current = versions.where("_cdc_current").select("id", "note", "n")
+    assert rows(current) == EXPECTED
+    by_key = {}
+    for r in versions.orderBy("_cdc_valid_from_lsn", "_cdc_valid_from_seq").collect():
+        by_key.setdefault(r["id"], []).append(r)
+    # 104 existed inside transaction 20 only: from its create to the delete 2 events later
+    assert [(r["n"], r["note"], r["_cdc_valid_to_seq"]) for r in by_key[104]] == [
+        (2, "big-4", 2),
+        (3, "big-4", 3),
+    ]
+    first = by_key[4][0]
+    assert (first["_cdc_valid_to_lsn"], first["_cdc_valid_to_seq"]) == (20, 0)
+    assert first["_cdc_valid_from"] == dt.datetime(2024, 11, 22, 0, 0, 0, 10_000)
+    versions.unpersist()
+
+
+def test_only_touched_buckets_are_rewritten(spark: Any, tmp_path: Path) -> None:
+    """Range buckets of 10 keys: a batch touching keys 3 and 57 rewrites buckets 0 and 5 only;
+    a truncate rewrites all of them."""
+    src = tmp_path / "src"
+    first = [change_event("c", (10, i), after={"id": i, "note": "x", "n": i}) for i in range(60)]
+    table_folder(src, first, per_file=100)
+    schema = event_schema(spark, str(src), TABLE)
+    dst = tmp_path / "state"
+    apply_batch(spark, events_from_files(spark, str(src), TABLE), str(dst), layout="range:10")
+    listing = {p: p.stat().st_mtime_ns for p in dst.glob(f"{BUCKET}=*/*.parquet")}
+    assert len({p.parent.name for p in listing}) == 6
+    batch = [
+        change_event("u", (20, 0), after={"id": 3, "note": "y", "n": 30}),
+        change_event("d", (20, 1), before={"id": 57, "note": None, "n": None}),
+    ]
+    path = write_jsonl(tmp_path / "batch", batch)[0]
+    figures = apply_batch(spark, spark.read.schema(schema).json(str(path)), str(dst))
+    assert figures["buckets"] == 2
+    now = {p: p.stat().st_mtime_ns for p in dst.glob(f"{BUCKET}=*/*.parquet")}
+    changed = {p.parent.name for p in set(now) ^ set(listing)}
+    changed |= {p.parent.name for p in now if p in listing and now[p] != listing[p]}
+    assert changed == {f"{BUCKET}=0", f"{BUCKET}=5"}
+    expected = {(i, "x", i) for i in range(60) if i not in (3, 57)} | {(3, "y", 30)}
+    assert rows(read_state(spark, str(dst))) == expected
+    truncate = [
+        change_event("t", (30, 0), key=None),
+        change_event("c", (30, 1), after={"id": 7, "note": "z", "n": 1}),
+    ]
+    path = write_jsonl(tmp_path / "batch2", truncate)[0]
+    apply_batch(spark, spark.read.schema(schema).json(str(path)), str(dst))
+    assert rows(read_state(spark, str(dst))) == {(7, "z", 1)}
+
+
+def test_schema_from_files_and_a_schema_change(spark: Any, tmp_path: Path) -> None:
+    """Types from the ``_schema/`` table; a column added and one dropped mid-stream."""
+    folder = tmp_path / TABLE
+    v1 = [("id", "int8", 20, -1), ("price", "numeric", 1700, (10 << 16) + 2 + 4)]
+    v1 += [("day", "date", 1082, -1), ("at", "timestamptz", 1184, -1), ("gone", "text", 25, -1)]
+    write_schema_file(folder, (10, 0), v1, ["id"])
+    v2 = [c for c in v1 if c[0] != "gone"] + [("tags", "_text", 1009, -1)]
+    write_schema_file(folder, (20, 0), v2, ["id"])
+    old = {"id": 1, "price": "12.50", "day": "2024-01-02", "at": "2024-01-02T03:04:05Z"}
+    new = {**{k: v for k, v in old.items()}, "id": 2, "tags": ["a", "b"]}
+    write_jsonl(folder, [change_event("c", (10, 0), after={**old, "gone": "g"})])
+    write_jsonl(folder, [change_event("c", (20, 0), after=new)])
+    events = events_from_files(spark, str(tmp_path), TABLE)
+    after = events.schema["after"].dataType.simpleString()
+    assert after == (
+        "struct<id:bigint,price:decimal(10,2),day:date,at:timestamp,tags:array<string>,gone:string>"
+    )
+    state = {r["id"]: r for r in latest_state(events).collect()}
+    assert state[1]["price"] == Decimal("12.50") and state[1]["gone"] == "g"
+    assert state[1]["day"] == dt.date(2024, 1, 2) and state[1]["tags"] is None
+    assert state[2]["tags"] == ["a", "b"] and state[2]["gone"] is None
+    assert state[2]["at"] == dt.datetime(2024, 1, 2, 3, 4, 5)  # the session is in UTC
+
+
+def test_incremental_schema_change_and_keyless(spark: Any, tmp_path: Path) -> None:
+    """A column added between two micro-batches (each read with the schema of its time):
+    rows in buckets the second batch does not touch show null for it. Then a keyless table
+    (one bucket, a multiset) with a replay."""
+    src, dst = tmp_path / "src", str(tmp_path / "state")
+    folder = src / TABLE
+    v1 = [("id", "int4", 23, -1), ("note", "text", 25, -1)]
+    write_schema_file(folder, (10, 0), v1, ["id"])
+    first = [
+        change_event("c", (10, i), after={"id": i, "note": n}) for i, n in ((1, "a"), (2, "b"))
+    ]
+    path = write_jsonl(folder, first)[0]
+    read = spark.read.schema(event_schema(spark, str(src), TABLE))
+    apply_batch(spark, read.json(str(path)), dst, layout="range:1")
+    write_schema_file(folder, (20, 0), [*v1, ("qty", "int4", 23, -1)], ["id"])
+    second = [
+        change_event("u", (20, 0), after={"id": 1, "note": "a", "qty": 5}),
+        change_event("c", (20, 1), after={"id": 3, "note": "c", "qty": 7}),
+    ]
+    path = write_jsonl(tmp_path / "b2", second)[0]
+    read = spark.read.schema(event_schema(spark, str(src), TABLE))
+    apply_batch(spark, read.json(str(path)), dst)
+    state = read_state(spark, dst, columns=["id", "note", "qty"])
+    assert rows(state) == {(1, "a", 5), (2, "b", None), (3, "c", 7)}
+
+    keyless = tmp_path / "keyless"
+    write_schema_file(keyless / TABLE, (10, 0), v1, None)
+    row = {"id": 0, "note": "same"}
+    events = [
+        change_event("c", (10, 0), after=row, key=None),
+        change_event("c", (10, 1), after=row, key=None),
+        change_event("d", (20, 0), before=row, key=None),
+    ]
+    write_jsonl(keyless / TABLE, events)
+    ks = str(tmp_path / "keyless-state")
+    for _ in range(2):  # the second run is a replay
+        apply_batch(spark, events_from_files(spark, str(keyless), TABLE), ks)
+        assert [tuple(r) for r in read_state(spark, ks).collect()] == [(0, "same")]
+
+
+def test_streaming_under_both_sessions(spark: Any, key_changes: Path, tmp_path: Path):
+    """``stream_files_to_parquet`` one file per micro-batch, then a copy of a file (a replay)
+    on the same checkpoint."""
+    dst, checkpoint = str(tmp_path / "state"), str(tmp_path / "cp")
+    src = tmp_path / "src"
+    (src / TABLE).mkdir(parents=True)
+    files = sorted((key_changes / TABLE).glob("*.jsonl"))
+    schema = event_schema(spark, str(key_changes), TABLE)
+
+    def run() -> None:
+        query = stream_files_to_parquet(
+            spark, str(src), TABLE, dst, checkpoint, schema=schema, max_files_per_trigger=1
+        )
+        query.awaitTermination()
+        assert query.exception() is None
+
+    for path in files:  # the source takes files by modification time: keep them
+        shutil.copy2(path, src / TABLE / path.name)
+    run()
+    state = read_state(spark, dst)
+    assert state is not None and rows(state) == EXPECTED
+    (src / TABLE / "FFFFFFFFFFFFFFFF-00000000.jsonl").write_bytes(files[0].read_bytes())
+    run()
+    assert rows(read_state(spark, dst)) == EXPECTED
+
+
+def test_cli_apply_and_history(spark: Any, key_changes: Path, tmp_path: Path) -> None:
+    out = tmp_path / "state"
+    argv = ["apply", "--input", str(key_changes), "--table", TABLE, "--output", str(out)]
+    assert spark_cli.main(argv, spark=spark) == 0
+    assert rows(read_state(spark, str(out))) == EXPECTED
+    argv = ["history", "--input", str(key_changes), "--table", TABLE]
+    assert spark_cli.main([*argv, "--output", str(tmp_path / "h")], spark=spark) == 0
+    current = spark.read.parquet(str(tmp_path / "h")).where("_cdc_current")
+    assert rows(current.select("id", "note", "n")) == EXPECTED
+
+
+def test_cli_stream_logs_progress(
+    spark: Any, key_changes: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``stream`` one file per micro-batch; each batch logs its figures and its lag."""
+    caplog.set_level(logging.INFO, logger="cdcd.spark")
+    out = tmp_path / "state"
+    argv = ["stream", "--input", str(key_changes), "--table", TABLE, "--output", str(out)]
+    argv += ["--checkpoint", str(tmp_path / "cp"), "--max-files", "1", "--layout", "hash:4"]
+    assert spark_cli.main(argv, spark=spark) == 0
+    assert rows(read_state(spark, str(out))) == EXPECTED
+    if os.environ.get("CDCD_TEST_SPARK_REMOTE"):
+        return  # under Spark Connect foreachBatch runs (and logs) in the server's worker
+    lags = [r.getMessage() for r in caplog.records if "behind the newest file" in r.getMessage()]
+    # batch 0 ends inside transaction 20, where the newest file begins: no whole WAL byte
+    assert lags == [f"batch {i}: 0 WAL bytes behind the newest file" for i in (0, 1)]
+    assert sum("buckets rewritten (hash:4)" in r.getMessage() for r in caplog.records) == 2
+
+
+@pytest.mark.skipif(bool(os.environ.get("CDCD_TEST_SPARK_REMOTE")), reason="own JVM")
+def test_cli_under_spark_submit(spark: Any, key_changes: Path, tmp_path: Path) -> None:
+    """``spark-submit cdcd/spark/cli.py apply ...`` uses the submitted session and logs."""
+    import pyspark
+
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    out = tmp_path / "state"
+    cmd = [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+    cmd += [spark_cli.__file__, "apply", "--input", str(key_changes), "--table", TABLE]
+    cmd += ["--output", str(out)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
+    env.update(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr  # spark-submit merges the driver's stderr into stdout
+    assert "buckets rewritten" in output and "apply public.orders: done" in output
+    assert rows(read_state(spark, str(out))) == EXPECTED
+
+
+def test_cli_help() -> None:
+    for job in ("apply", "state", "history", "stream"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "cdcd.spark", job, "--help"], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "--table" in proc.stdout
+
+
+# ------------------------------------------------------------------------------ MERGE INTO
+
+
+def test_merge_statement_on_plain_spark(spark: Any, key_changes: Path, tmp_path: Path) -> None:
+    """Plain Spark has no MERGE-capable table: the statement must parse and resolve every
+    column against a real table and fail only because the table format is missing. Its
+    source rows (the batch folded onto the target's rows) are checked by running them."""
+    events = events_from_files(spark, str(key_changes), TABLE)
+    for tombstones, cut in ((False, None), (True, (60, 1))):
+        spark.sql("DROP TABLE IF EXISTS cdcd_merge_target")
+        spark.sql(
+            "CREATE TABLE cdcd_merge_target (id int, note string, n int, _cdc_commit_lsn bigint,"
+            f" _cdc_seq bigint{', _cdc_deleted boolean' if tombstones else ''}) USING parquet"
+            f" LOCATION '{tmp_path / str(tombstones)}'"
+        )
+        source, keys, columns, truncate = merge_source(
+            spark, events, "cdcd_merge_target", tombstones=tombstones
+        )
+        assert truncate is None
+        visible = source.where("NOT _cdc_deleted").select("id", "note", "n")
+        assert rows(visible) == EXPECTED
+        source.createOrReplaceTempView("cdcd_merge_source")
+        sql = merge_sql("cdcd_merge_target", "cdcd_merge_source", keys, columns, cut, tombstones)
+        with pytest.raises(Exception, match="does not support MERGE INTO TABLE"):
+            spark.sql(sql)
+    with pytest.raises(Exception, match="UNRESOLVED_COLUMN"):
+        spark.sql(sql.replace("t.`note` = NULL", "t.`nope` = NULL"))
+    spark.sql("DROP TABLE cdcd_merge_target")
+
+
+DELTA_SCRIPT = """
+import sys
+from pyspark.sql import SparkSession
+from cdcd.spark import events_from_files, merge_changes
+spark = SparkSession.builder.getOrCreate()
+src, table, target = sys.argv[1:4]
+spark.sql(f"CREATE TABLE {target} (id int, note string, n int, _cdc_commit_lsn bigint, "
+          f"_cdc_seq bigint) USING delta")
+events = events_from_files(spark, src, table)
+for lsn in (10, 20, 30, 40, 50):  # one MERGE per transaction, then all of them again
+    merge_changes(spark, events.where(f"source.commit_lsn = {lsn}"), target)
+merge_changes(spark, events, target)
+print(sorted(tuple(r) for r in spark.table(target).select("id", "note", "n").collect()))
+"""
+
+
+@pytest.mark.skipif(
+    not os.environ.get("CDCD_SPARK_DELTA_PACKAGES"),
+    reason="CDCD_SPARK_DELTA_PACKAGES names the Delta package (e.g. io.delta:delta-spark_2.13:4.0.0)",
+)
+def test_merge_into_delta(key_changes: Path, tmp_path: Path) -> None:
+    """The real thing when the Delta jars can be fetched: spark-submit --packages."""
+    import pyspark
+
+    script = tmp_path / "merge.py"
+    script.write_text(textwrap.dedent(DELTA_SCRIPT))
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    cmd = [str(submit), "--packages", os.environ["CDCD_SPARK_DELTA_PACKAGES"]]
+    cmd += ["--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension"]
+    cmd += [
+        "--conf",
+        "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    ]
+    cmd += ["--conf", f"spark.sql.warehouse.dir={tmp_path / 'wh'}"]
+    cmd += [str(script), str(key_changes), TABLE, "orders_delta"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == repr(sorted(EXPECTED))
