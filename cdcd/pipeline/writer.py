@@ -158,7 +158,8 @@ class Writer:
         self._window = _Window(len(sinks), window, self._released)
         if len(stats.sinks) != len(sinks):
             stats.sinks[:] = [SinkStats(sink.type_name) for sink in sinks]
-        self._last_flush = [0.0] * len(sinks)
+        # a first flush is due flush_interval after the start, not at once
+        self._last_flush = [time.monotonic()] * len(sinks)
         # no sink wants events (the null sink alone): hand over decoded changes, build no events
         self._events_wanted = any(sink.wants_events for sink in sinks)
 

@@ -116,7 +116,7 @@ def test_non_root_read_only_and_compiled(engine: Engine, image: Image) -> None:
         "cdcd.accel",
         "status",
     ).stdout.splitlines()
-    assert len(status) >= 5 and all(line.endswith(": compiled") for line in status), status
+    assert len(status) >= 5 and all(": compiled (" in line for line in status), status
 
 
 def http_status(url: str) -> int:
