@@ -42,3 +42,57 @@ def test_unchanged_toast_converts_nothing_without_unchanged_columns() -> None:
     event = _event((1, "x", "y"))
     assert event.unchanged_toast() == []
     assert event._json_rows is None and event._native_rows is None
+
+
+# -- the JSON fast path (ChangeEvent._body) against the whole value, on generated transactions --
+
+import orjson  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+VALUE = st.one_of(
+    st.none(),
+    st.just(U),
+    st.integers(-(2**31), 2**31 - 1),
+    st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=8),
+)
+ROW = st.tuples(st.integers(1, 5), VALUE, VALUE)
+
+
+@st.composite
+def transactions(draw: st.DrawFn) -> list[ChangeEvent]:
+    """A transaction of inserts, updates (plain, with K or O images, key changes, unchanged
+    TOAST), deletes, messages and truncates, on a table with a key and one with FULL."""
+    keyed, full = relation(), relation(name="full", identity="f", oid=16401)
+    builder = TxnBuilder(draw(st.integers(1, 2**31)), draw(st.integers(8, 2**40)))
+    for _ in range(draw(st.integers(1, 12))):
+        rel = draw(st.sampled_from([keyed, full]))
+        new = draw(ROW)
+        kind = draw(st.sampled_from(["insert", "update", "update_k", "update_o", "delete", "msg"]))
+        if kind == "insert":
+            builder.insert(rel, tup(*(v if v is not U else "x" for v in new)))
+        elif kind == "update":
+            builder.update(rel, tup(*new))
+        elif kind == "update_k":
+            builder.update(rel, tup(*new), old=tup(draw(st.integers(1, 5)), None, None), kind="K")
+        elif kind == "update_o":
+            old = draw(ROW)
+            builder.update(
+                rel, tup(*new), old=tup(*(v if v is not U else "o" for v in old)), kind="O"
+            )
+        elif kind == "delete":
+            builder.delete(rel, tup(new[0], None, None))
+        else:
+            builder.message(draw(st.sampled_from(["p", "q"])), draw(st.binary(max_size=6)))
+    if draw(st.booleans()):
+        builder.truncate([keyed, full], draw(st.integers(0, 3)))
+    return list(encoder({("public", "full"): ("id",)}).events(builder.build()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=transactions())
+def test_json_fast_path_equals_the_whole_value(events: list[ChangeEvent]) -> None:
+    """record_json/value_json (built from cached pieces) say what value()/key() say."""
+    for event in events:
+        assert orjson.loads(event.value_json()) == event.value()
+        assert orjson.loads(event.record_json()) == {**event.value(), "key": event.key()}
