@@ -42,6 +42,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.values.text",
     "cdcd.values.binary_base",
     "cdcd.values.binary_time",
+    "cdcd.values.binary_containers",
     "cdcd.values.binary",
     "cdcd.assembler.transaction",
     "cdcd.assembler.spill",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import ssl
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -38,7 +37,6 @@ from typing import Literal
 import structlog
 
 from cdcd.errors import (
-    DefiniteSourceError,
     LocalProtocolError,
     RemoteProtocolError,
     TransientSourceError,
@@ -46,7 +44,7 @@ from cdcd.errors import (
 from cdcd.lsn import Progress, parse_lsn, unix_to_pg_us
 from cdcd.replication.hosts import Role, connect_first
 from cdcd.replication.sql import create_slot_sql, publication_names_option, start_replication_sql
-from cdcd.replication.transport import ReplicationProtocol
+from cdcd.replication.transport import ReplicationProtocol, TlsHandshakeFailed, negotiate_tls
 from cdcd.wire import frontend
 from cdcd.wire import session as wire
 from cdcd.wire.copydata import (
@@ -55,7 +53,7 @@ from cdcd.wire.copydata import (
     parse_copy_data,
     standby_status_update,
 )
-from cdcd.wire.dsn import ConnParams, ssl_context
+from cdcd.wire.dsn import ConnParams
 from cdcd.wire.session import SlotExists, source_error
 
 __all__ = [
@@ -175,7 +173,7 @@ class ReplicationClient:
                 return await cls._attempt(
                     params, application_name, extra_gucs, status_interval, True
                 )
-            except _TlsHandshakeFailed as exc:
+            except TlsHandshakeFailed as exc:
                 if params.sslmode not in ("allow", "prefer"):
                     raise exc.error from exc.__cause__
                 log.info("TLS handshake failed, retrying without TLS", error=str(exc.error))
@@ -211,7 +209,7 @@ class ReplicationClient:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             tls = False
             if try_tls:
-                tls = await cls._negotiate_tls(loop, protocol, params)
+                tls = await negotiate_tls(loop, protocol, params)
             session = wire.Session(
                 user=params.user,
                 database=params.dbname,
@@ -230,58 +228,6 @@ class ReplicationClient:
             if protocol.transport is not None:
                 protocol.transport.abort()
             raise
-
-    @staticmethod
-    async def _negotiate_tls(
-        loop: asyncio.AbstractEventLoop, protocol: ReplicationProtocol, params: ConnParams
-    ) -> bool:
-        """SSLRequest; on 'S' wrap the transport in TLS. Returns whether TLS is on."""
-        assert protocol.transport is not None
-        context = ssl_context(params)
-        assert context is not None
-        protocol.transport.write(frontend.ssl_request())
-        try:
-            while not protocol.raw:
-                await protocol.wait_data()
-        except OSError as exc:
-            raise TransientSourceError(
-                f"connection to {params.describe()} lost during TLS negotiation: {exc}"
-            ) from exc
-        answer = bytes(protocol.raw)
-        protocol.raw.clear()
-        if answer == frontend.SSL_REFUSED:
-            if params.sslmode in ("allow", "prefer"):
-                return False
-            raise DefiniteSourceError(
-                f"the server at {params.describe()} does not support TLS but "
-                f"sslmode={params.sslmode}: enable ssl on the server or lower sslmode"
-            )
-        if answer != frontend.SSL_ACCEPTED:
-            # More than the one byte means someone injected plaintext (CVE-2021-23222).
-            raise RemoteProtocolError(
-                f"unexpected answer {answer[:16]!r} to SSLRequest from {params.describe()}"
-            )
-        try:
-            new_transport = await loop.start_tls(
-                protocol.transport,
-                protocol,
-                context,
-                server_hostname=params.host,
-            )
-        except ssl.SSLCertVerificationError as exc:
-            raise DefiniteSourceError(
-                f"TLS certificate verification failed for {params.describe()} "
-                f"(sslmode={params.sslmode}): {exc.verify_message or exc}. Check sslrootcert and "
-                "that the server certificate names this host"
-            ) from exc
-        except (ssl.SSLError, OSError) as exc:
-            raise _TlsHandshakeFailed(
-                TransientSourceError(f"TLS handshake with {params.describe()} failed: {exc}")
-            ) from exc
-        if new_transport is None:
-            raise TransientSourceError(f"TLS handshake with {params.describe()} failed")
-        protocol.transport = new_transport
-        return True
 
     async def _startup(self) -> None:
         session = self._session
@@ -637,14 +583,6 @@ async def _discard(client: ReplicationClient) -> None:
 
 def _xlog_tuple(message: XLogData) -> XLogTuple:
     return (message.wal_start, message.wal_end, message.send_time, bytes(message.data))
-
-
-class _TlsHandshakeFailed(Exception):
-    """Internal: the TLS handshake failed in a way ``sslmode=prefer`` may retry without TLS."""
-
-    def __init__(self, error: TransientSourceError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 def _log_notice(fields: wire.ServerMessage) -> None:

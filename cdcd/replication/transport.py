@@ -1,14 +1,18 @@
 """The replication connection's asyncio protocol: bytes from the transport into the session
 (:mod:`cdcd.wire.session`), reading paused past a high-water mark, and, while streaming, small
 reads coalesced (the walsender writes message by message; keeping pace with it gives ~1 KB
-reads otherwise)."""
+reads otherwise); and the SSLRequest that may wrap it in TLS before start-up."""
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import cast
 
+from cdcd.errors import DefiniteSourceError, RemoteProtocolError, TransientSourceError
+from cdcd.wire import frontend
 from cdcd.wire import session as wire
+from cdcd.wire.dsn import ConnParams, ssl_context
 
 #: Stop reading the socket while this many received bytes wait to be consumed.
 HIGH_WATER = 4 * 1024 * 1024
@@ -130,3 +134,63 @@ class ReplicationProtocol(asyncio.Protocol):
             await asyncio.shield(self._drain_waiter)
             if self.lost is not None:
                 raise self.lost
+
+
+class TlsHandshakeFailed(Exception):
+    """Internal: the TLS handshake failed in a way ``sslmode=prefer`` may retry without TLS."""
+
+    def __init__(self, error: TransientSourceError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+async def negotiate_tls(
+    loop: asyncio.AbstractEventLoop, protocol: ReplicationProtocol, params: ConnParams
+) -> bool:
+    """SSLRequest; on 'S' wrap the transport in TLS. Returns whether TLS is on."""
+    assert protocol.transport is not None
+    context = ssl_context(params)
+    assert context is not None
+    protocol.transport.write(frontend.ssl_request())
+    try:
+        while not protocol.raw:
+            await protocol.wait_data()
+    except OSError as exc:
+        raise TransientSourceError(
+            f"connection to {params.describe()} lost during TLS negotiation: {exc}"
+        ) from exc
+    answer = bytes(protocol.raw)
+    protocol.raw.clear()
+    if answer == frontend.SSL_REFUSED:
+        if params.sslmode in ("allow", "prefer"):
+            return False
+        raise DefiniteSourceError(
+            f"the server at {params.describe()} does not support TLS but "
+            f"sslmode={params.sslmode}: enable ssl on the server or lower sslmode"
+        )
+    if answer != frontend.SSL_ACCEPTED:
+        # More than the one byte means someone injected plaintext (CVE-2021-23222).
+        raise RemoteProtocolError(
+            f"unexpected answer {answer[:16]!r} to SSLRequest from {params.describe()}"
+        )
+    try:
+        new_transport = await loop.start_tls(
+            protocol.transport,
+            protocol,
+            context,
+            server_hostname=params.host,
+        )
+    except ssl.SSLCertVerificationError as exc:
+        raise DefiniteSourceError(
+            f"TLS certificate verification failed for {params.describe()} "
+            f"(sslmode={params.sslmode}): {exc.verify_message or exc}. Check sslrootcert and "
+            "that the server certificate names this host"
+        ) from exc
+    except (ssl.SSLError, OSError) as exc:
+        raise TlsHandshakeFailed(
+            TransientSourceError(f"TLS handshake with {params.describe()} failed: {exc}")
+        ) from exc
+    if new_transport is None:
+        raise TransientSourceError(f"TLS handshake with {params.describe()} failed")
+    protocol.transport = new_transport
+    return True

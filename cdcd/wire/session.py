@@ -27,15 +27,12 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import Enum
 
 from cdcd.errors import (
     DefiniteSourceError,
     LocalProtocolError,
     RemoteProtocolError,
-    SourceError,
-    TransientSourceError,
 )
 from cdcd.wire import frontend
 from cdcd.wire.auth import (
@@ -45,6 +42,59 @@ from cdcd.wire.auth import (
     md5_password,
 )
 from cdcd.wire.framing import MessageReader
+from cdcd.wire.messages import (
+    AuthenticationOk as AuthenticationOk,
+)
+from cdcd.wire.messages import (
+    AuthenticationRequest as AuthenticationRequest,
+)
+from cdcd.wire.messages import (
+    BackendKeyData as BackendKeyData,
+)
+from cdcd.wire.messages import (
+    CommandComplete as CommandComplete,
+)
+from cdcd.wire.messages import (
+    CopyBothResponse as CopyBothResponse,
+)
+from cdcd.wire.messages import (
+    CopyData as CopyData,
+)
+from cdcd.wire.messages import (
+    CopyDone as CopyDone,
+)
+from cdcd.wire.messages import (
+    DataRow as DataRow,
+)
+from cdcd.wire.messages import (
+    EmptyQueryResponse as EmptyQueryResponse,
+)
+from cdcd.wire.messages import (
+    ErrorResponse as ErrorResponse,
+)
+from cdcd.wire.messages import (
+    Event as Event,
+)
+from cdcd.wire.messages import (
+    NegotiateProtocolVersion as NegotiateProtocolVersion,
+)
+from cdcd.wire.messages import (
+    NoticeResponse as NoticeResponse,
+)
+from cdcd.wire.messages import (
+    ParameterStatus as ParameterStatus,
+)
+from cdcd.wire.messages import (
+    ReadyForQuery as ReadyForQuery,
+)
+from cdcd.wire.messages import (
+    RowDescription as RowDescription,
+)
+from cdcd.wire.messages import (
+    ServerMessage as ServerMessage,
+)
+from cdcd.wire.server_errors import SlotExists as SlotExists
+from cdcd.wire.server_errors import source_error as source_error
 
 #: GUCs every replication connection sets, so text values decode the same on every server.
 DEFAULT_GUCS: dict[str, str] = {
@@ -55,138 +105,6 @@ DEFAULT_GUCS: dict[str, str] = {
     "bytea_output": "hex",
     "lc_monetary": "C",
 }
-
-
-class SlotExists(DefiniteSourceError):
-    """CREATE_REPLICATION_SLOT found a slot of that name: callers may treat it as done."""
-
-
-# --------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, slots=True)
-class ServerMessage:
-    """The fields of an ErrorResponse or NoticeResponse (55.8)."""
-
-    severity: str
-    code: str
-    message: str
-    detail: str | None = None
-    hint: str | None = None
-    where: str | None = None
-
-    def __str__(self) -> str:
-        text = f"{self.severity}: {self.message} (SQLSTATE {self.code})"
-        if self.detail:
-            text += f"; DETAIL: {self.detail}"
-        if self.hint:
-            text += f"; HINT: {self.hint}"
-        return text
-
-
-@dataclass(frozen=True, slots=True)
-class AuthenticationOk:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class AuthenticationRequest:
-    """The server asked for credentials; the session has queued the answer.
-
-    ``method``: ``cleartext``, ``md5``, ``sasl`` (``mechanisms`` lists the offer),
-    ``sasl-continue`` or ``sasl-final``.
-    """
-
-    method: str
-    mechanisms: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ParameterStatus:
-    name: str
-    value: str
-
-
-@dataclass(frozen=True, slots=True)
-class BackendKeyData:
-    pid: int
-    secret_key: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ReadyForQuery:
-    status: str  # 'I' idle, 'T' in transaction, 'E' failed transaction
-
-
-@dataclass(frozen=True, slots=True)
-class RowDescription:
-    columns: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class DataRow:
-    values: tuple[str | None, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CommandComplete:
-    tag: str
-
-
-@dataclass(frozen=True, slots=True)
-class EmptyQueryResponse:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorResponse:
-    fields: ServerMessage
-
-
-@dataclass(frozen=True, slots=True)
-class NoticeResponse:
-    fields: ServerMessage
-
-
-@dataclass(frozen=True, slots=True)
-class CopyBothResponse:
-    format: int
-    column_formats: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CopyData:
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class CopyDone:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class NegotiateProtocolVersion:
-    newest_minor: int
-    unrecognized: tuple[str, ...]
-
-
-Event = (
-    AuthenticationOk
-    | AuthenticationRequest
-    | ParameterStatus
-    | BackendKeyData
-    | ReadyForQuery
-    | RowDescription
-    | DataRow
-    | CommandComplete
-    | EmptyQueryResponse
-    | ErrorResponse
-    | NoticeResponse
-    | CopyBothResponse
-    | CopyData
-    | CopyDone
-    | NegotiateProtocolVersion
-)
 
 
 # --------------------------------------------------------------------------- states
@@ -565,76 +483,3 @@ class Session:
                 "put it in the DSN, PGPASSWORD or ~/.pgpass"
             )
         return self._password
-
-
-# --------------------------------------------------------------------------- errors
-
-
-_SLOT_LOST = ("can no longer get changes", "can no longer access", "invalidated")
-
-
-def source_error(err: ServerMessage, *, user: str = "", context: str = "") -> SourceError:
-    """The cdcd error for a server ErrorResponse: the one place SQLSTATEs are classified.
-
-    ``context`` names what was being done (``START_REPLICATION SLOT "x"``) and is prefixed to
-    the message; the server's own text, detail and hint follow, then what to do.
-    """
-    code = err.code
-    text = err.message
-    if err.detail:
-        text += f" (DETAIL: {err.detail})"
-    if err.hint:
-        text += f" (HINT: {err.hint})"
-    head = f"{context}: " if context else ""
-    lowered = err.message.lower()
-
-    if code in ("28P01", "28000"):
-        return DefiniteSourceError(
-            f"{head}authentication failed for user {user!r}: {text}. Check the password "
-            "(DSN, PGPASSWORD or ~/.pgpass) and that pg_hba.conf allows this user, database "
-            "and address with a password method"
-        )
-    if code == "42501" or "must be superuser or replication role" in lowered:
-        return DefiniteSourceError(
-            f"{head}permission denied for user {user!r}: {text}. Grant it: "
-            f"ALTER ROLE {frontend.quote_ident(user or 'cdc')} REPLICATION (and CREATE on the "
-            "database to create publications)"
-        )
-    if code == "55000":
-        if any(s in f"{lowered} {err.detail or ''}".lower() for s in _SLOT_LOST):
-            return DefiniteSourceError(
-                f"{head}{text}. The slot was invalidated (it fell behind "
-                "max_slot_wal_keep_size or was otherwise lost): drop and re-create the slot "
-                "and take a new snapshot; changes in between are gone"
-            )
-        if "wal_level" in lowered or "logical decoding requires" in lowered:
-            return DefiniteSourceError(
-                f"{head}{text}. Set wal_level=logical in postgresql.conf and restart the server"
-            )
-        return DefiniteSourceError(f"{head}{text} (SQLSTATE 55000): fix the server state first")
-    if code == "42704":
-        return DefiniteSourceError(
-            f"{head}{text}. Create it (cdcd slot create, or create_slot/create_publication in "
-            "the configuration) or fix the name in the configuration"
-        )
-    if code in ("42P01", "3F000"):
-        return DefiniteSourceError(
-            f"{head}{text}. Check the table names (source.tables) and that they exist"
-        )
-    if code == "42710" and "replication slot" in lowered:
-        return SlotExists(f"{head}{text}")
-    if code == "55006":
-        return TransientSourceError(
-            f"{head}{text}. Another consumer is using the slot (see pg_stat_replication); "
-            "cdcd will retry, stop the other consumer if it should not run"
-        )
-    if code == "53400":
-        return DefiniteSourceError(
-            f"{head}{text}. Raise the server limit (max_replication_slots / max_wal_senders) "
-            "or drop unused slots"
-        )
-    if code == "3D000":
-        return DefiniteSourceError(f"{head}{text}. Fix dbname in the DSN")
-    if code in ("57P01", "57P02", "57P03", "57P05", "53300", "57014") or code.startswith("08"):
-        return TransientSourceError(f"{head}{text} (SQLSTATE {code}); will reconnect")
-    return SourceError(f"{head}server error SQLSTATE {code}: {text}")
