@@ -104,7 +104,7 @@ _TOPIC_ALREADY_EXISTS = 36
 
 
 _RECORD_OVERHEAD = 64  # what a record counts for buffer_bytes beyond its key and value
-_OP_BYTES = {op: op.encode() for op in "crudtm"}
+_OP_HEADERS = {op: ("cdcd.op", op.encode()) for op in "crudtm"}
 #: the header naming the other key of a key change, by the source field that holds it
 _LINK_HEADERS = {"new_key": "__debezium.newkey", "old_key": "__debezium.oldkey"}
 
@@ -123,6 +123,19 @@ class _Batch:
     size: int = 0
     future: asyncio.Future[Any] | None = None
     error: SinkError | None = None  # handing it to the producer failed definitely
+
+    def add(self, ts: int, key: bytes | None, value: bytes | None, headers: Any) -> bool:
+        """Append one record to the builder; False (and the builder closed) when it is full.
+
+        Calls the record-batch builder inside aiokafka's ``BatchBuilder`` directly, as
+        ``BatchBuilder.append`` does minus its per-record serializer calls and keyword
+        handling (``_relative_offset`` is the next record's offset in the batch)."""
+        builder = self.builder
+        if builder._builder.append(builder._relative_offset, ts, key, value, headers) is None:
+            builder.close()
+            return False
+        builder._relative_offset += 1
+        return True
 
 
 class KafkaSink(Sink):
@@ -146,7 +159,8 @@ class KafkaSink(Sink):
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._partitions: dict[str, list[int]] = {}  # known topics: their partitions, sorted
-        self._topics: dict[tuple[str | None, str | None], tuple[str, str]] = {}  # (topic, name)
+        # by (schema, table): (topic, "schema.table"); (None, None): (message topic, None)
+        self._topics: dict[tuple[str | None, str | None], tuple[str, str | None]] = {}
         self._window: deque[_Batch | int] = deque()  # batches and transaction end LSNs
         self._window_bytes = 0
         self._window_records = 0
@@ -162,7 +176,12 @@ class KafkaSink(Sink):
         self._replay_task: asyncio.Task[None] | None = None
         self._txn_counts: dict[str, int] = {}
         self._txn_commit_lsn = -1  # the transaction whose header values are cached below
-        self._txn_header_values: tuple[bytes, bytes | None, int] = (b"", None, 0)
+        # (commit_lsn header, [xid header] or [], timestamp ms)
+        self._txn_header_values: tuple[tuple[str, bytes], list[tuple[str, bytes]], int] = (
+            ("cdcd.commit_lsn", b""),
+            [],
+            0,
+        )
         self._stats = {"records_sent": 0, "records_acked": 0, "send_retries": 0, "replays": 0}
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -251,37 +270,35 @@ class KafkaSink(Sink):
         tombstones = config.tombstones
         count = config.transaction_topic
         counts = self._txn_counts
+        topics = self._topics
+        partitions = self._partitions
+        op_headers = _OP_HEADERS
+        add = self._add
         for event in events:
             op = event.op
-            schema = event.schema
-            name = None
-            if op == "m" or schema is None:
-                topic = self.message_topic
-            else:
-                topic, name = self._topics.get((schema, event.table)) or self._topic_of(event)
-                if count:
-                    counts[name] = counts.get(name, 0) + 1
-            if topic not in self._partitions:
+            route = topics.get((event.schema, event.table))
+            if route is None:
+                route = self._route_of(event)
+            topic, name = route
+            if count and name is not None:
+                counts[name] = counts.get(name, 0) + 1
+            if topic not in partitions:
                 await self._prepare_topic(topic, (event.commit_lsn, event.seq, event.lsn, ""))
             if event.commit_lsn != self._txn_commit_lsn:
                 self._cache_txn_headers(event)
-            commit_lsn_bytes, xid_bytes, ts = self._txn_header_values
-            op_bytes = _OP_BYTES.get(op) or op.encode()
-            seq_bytes = str(event.seq).encode()
-            headers = (
-                [("cdcd.commit_lsn", commit_lsn_bytes), ("cdcd.seq", seq_bytes)]
-                + ([("cdcd.xid", xid_bytes)] if xid_bytes is not None else [])
-                + [("cdcd.op", op_bytes)]
-            )
-            link = event.key_link() if op == "d" or op == "c" else None
-            if link is not None:  # a key change: Debezium's header linking the pair
-                headers.append((_LINK_HEADERS[link[0]], orjson.dumps(link[1])))
+            lsn_header, xid_headers, ts = self._txn_header_values
+            headers = [lsn_header, ("cdcd.seq", b"%d" % event.seq), *xid_headers]
+            headers.append(op_headers.get(op) or ("cdcd.op", op.encode()))
+            if op == "d" or op == "c":
+                link = event.key_link()
+                if link is not None:  # a key change: Debezium's header linking the pair
+                    headers.append((_LINK_HEADERS[link[0]], orjson.dumps(link[1])))
             key = event.key_json()  # {"prefix": ...} for logical messages
             where = (event.commit_lsn, event.seq, event.lsn, "")
-            self._add(topic, key, event.value_json(), headers, ts, where)
+            add(topic, key, event.value_json(), headers, ts, where)
             if op == "d" and key is not None and tombstones:
                 where = (event.commit_lsn, event.seq, event.lsn, " tombstone")
-                self._add(topic, key, None, headers, ts, where)
+                add(topic, key, None, headers, ts, where)
             if (
                 self._window_records >= config.buffer_records
                 or self._window_bytes >= config.buffer_bytes
@@ -332,18 +349,23 @@ class KafkaSink(Sink):
 
     # --- building records --------------------------------------------------------------------
 
-    def _topic_of(self, event: ChangeEvent) -> tuple[str, str]:
-        """(topic, "schema.table") of a table's event, remembered per table."""
-        name = f"{event.schema}.{event.table}"
-        topic = self.config.routing.get(name) or f"{self.prefix}.{name}"
-        self._topics[(event.schema, event.table)] = (topic, name)
-        return topic, name
+    def _route_of(self, event: ChangeEvent) -> tuple[str, str | None]:
+        """(topic, "schema.table") of an event's table, (message topic, None) for a logical
+        message; remembered per table."""
+        if event.schema is None:
+            route: tuple[str, str | None] = (self.message_topic, None)
+        else:
+            name = f"{event.schema}.{event.table}"
+            route = (self.config.routing.get(name) or f"{self.prefix}.{name}", name)
+        self._topics[(event.schema, event.table)] = route
+        return route
 
     def _cache_txn_headers(self, event: ChangeEvent) -> None:
+        """The header tuples every record of the event's transaction shares."""
         self._txn_commit_lsn = event.commit_lsn
-        xid = None if event.xid is None else str(event.xid).encode()
+        xid = [] if event.xid is None else [("cdcd.xid", b"%d" % event.xid)]
         ts = pg_to_unix_us(event.commit_time) // 1000
-        self._txn_header_values = (str(event.commit_lsn).encode(), xid, ts)
+        self._txn_header_values = (("cdcd.commit_lsn", b"%d" % event.commit_lsn), xid, ts)
 
     def _markers_for(self, txn: Transaction) -> bool:
         return self.config.transaction_topic and txn.kind != "message"
@@ -400,12 +422,12 @@ class KafkaSink(Sink):
             self._check_size(topic, (key, value, headers, ts, where))
         tp = (topic, partition)
         batch = self._open.get(tp) or self._new_batch(topic, partition)
-        if batch.builder.append(timestamp=ts, key=key, value=value, headers=headers) is None:
+        if not batch.add(ts, key, value, headers):
             del self._open[tp]  # full: hand it over, start the next one
             self._ready.append(batch)
             self._wake.set()
             batch = self._new_batch(topic, partition)
-            batch.builder.append(timestamp=ts, key=key, value=value, headers=headers)
+            batch.add(ts, key, value, headers)
         batch.records.append((key, value, headers, ts, where))
         batch.size += size
         self._window_records += 1
@@ -584,10 +606,8 @@ class KafkaSink(Sink):
                 for batch in handed:
                     batch.builder = self._producer.create_batch()
                     for key, value, headers, ts, _ in batch.records:
-                        added = batch.builder.append(
-                            timestamp=ts, key=key, value=value, headers=headers
-                        )
-                        assert added is not None, "a replayed batch holds what it held before"
+                        added = batch.add(ts, key, value, headers)
+                        assert added, "a replayed batch holds what it held before"
                     await self._submit(batch)
         except Exception as exc:  # a bug; make it visible to the pipeline
             self._failure = DefiniteSinkError(f"kafka: replay failed: {exc!r}")
