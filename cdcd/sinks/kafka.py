@@ -50,7 +50,9 @@ by the broker (``acks: all`` by default); passing a transaction end marks that t
 ``end_lsn`` durable. Every record of a transaction sits in a batch started before its end, so
 ``durable_lsn`` never passes a transaction with an unacknowledged record, nor one after it. The
 window is bounded by ``buffer_records`` and ``buffer_bytes`` (key and value bytes plus 64 per
-record; what a record really holds in memory is about three times that): ``write`` waits for
+record; what a record really holds in memory is about three times that, which is what
+``buffered_bytes`` reports; ``buffer_bytes`` is lowered to a third of the sink's
+``memory_budget``, its share of ``buffer.memory_limit``, when that is smaller): ``write`` waits for
 acknowledgements beyond them, which blocks the pipeline while the broker is away instead of
 growing memory.
 
@@ -274,6 +276,7 @@ class KafkaSink(Sink):
         partitions = self._partitions
         op_headers = _OP_HEADERS
         add = self._add
+        buffer_bytes = self._buffer_bytes
         for event in events:
             op = event.op
             route = topics.get((event.schema, event.table))
@@ -299,10 +302,7 @@ class KafkaSink(Sink):
             if op == "d" and key is not None and tombstones:
                 where = (event.commit_lsn, event.seq, event.lsn, " tombstone")
                 add(topic, key, None, headers, ts, where)
-            if (
-                self._window_records >= config.buffer_records
-                or self._window_bytes >= config.buffer_bytes
-            ):
+            if self._window_records >= config.buffer_records or self._window_bytes >= buffer_bytes:
                 await self._wait_for_room()
         if self._ready:
             await asyncio.sleep(0)  # let the submitter hand the closed batches over
@@ -454,11 +454,22 @@ class KafkaSink(Sink):
         self._window.append(batch)
         return batch
 
+    @property
+    def _buffer_bytes(self) -> int:
+        """``buffer_bytes``, or less when the sink's ``memory_budget`` is smaller (a record
+        holds about three times its counted bytes in memory)."""
+        budget = self.memory_budget
+        limit = self.config.buffer_bytes
+        return limit if budget is None else max(1024, min(limit, budget // 3))
+
+    def buffered_bytes(self) -> int:
+        return 3 * self._window_bytes
+
     async def _wait_for_room(self) -> None:
         c = self.config
         while True:
             self._raise_failure()
-            if self._window_records < c.buffer_records and self._window_bytes < c.buffer_bytes:
+            if self._window_records < c.buffer_records and self._window_bytes < self._buffer_bytes:
                 return
             self._changed.clear()
             await self._changed.wait()
