@@ -55,6 +55,8 @@ T = TypeVar("T")
 _BEGIN, _WRITE, _COMMIT, _END = range(4)
 #: seconds a sink task waits for work before it looks at flushing again
 _IDLE_TICK = 0.1
+#: seconds between two looks at the sinks' buffers while they hold reading back
+_BUFFER_TICK = 0.02
 #: the op each kind of change counts under in Stats.events_by when no events are built
 _CHANGE_OPS: dict[type, str] = {
     ev.Insert: "c",
@@ -176,7 +178,7 @@ class Writer:
 
     async def put(self, txn: Transaction) -> None:
         """Queue ``txn``; waits while the transactions held here and the sinks' buffers would
-        pass the limits (looking at the buffers, which drain without a signal, every 0.1 s)."""
+        pass the limits (looking at the buffers, which drain without a signal, every 0.02 s)."""
         while True:
             buffered = sum(sink.buffered_bytes() for sink in self.sinks)
             if (
@@ -192,7 +194,7 @@ class Writer:
                 await self._room.wait()
                 continue
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._room.wait(), _IDLE_TICK)
+                await asyncio.wait_for(self._room.wait(), _BUFFER_TICK)
         self._held += 1
         self._held_bytes += txn.mem_bytes
         self._stats.queued_bytes = self._held_bytes
