@@ -5,8 +5,10 @@
     reader ──put(txn)──▶ transactions ──events (or decoded changes), built once──▶
         shared window ──▶ one task per sink: begin ▶ write ... ▶ commit ▶ flush when due
 
-* Transactions wait here bounded by ``buffer.memory_limit`` (their accounted bytes) and
-  ``buffer.queue_transactions``; one transaction always fits. A transaction is released (its
+* Transactions wait here bounded by ``buffer.memory_limit`` (their accounted bytes plus what
+  the sinks buffer, ``Sink.buffered_bytes``) and ``buffer.queue_transactions``; one
+  transaction always fits once the sinks' buffers are empty. Each sink gets half the limit,
+  shared out, as its ``memory_budget``. A transaction is released (its
   memory and spill file freed) once every sink has been handed all of it.
 * Events are built once and shared: a window of at most ``window`` items (begin, a batch of
   events, commit) that each sink's task reads in order. The sink task that runs out of items
@@ -26,6 +28,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -52,6 +55,8 @@ T = TypeVar("T")
 _BEGIN, _WRITE, _COMMIT, _END = range(4)
 #: seconds a sink task waits for work before it looks at flushing again
 _IDLE_TICK = 0.1
+#: seconds between two looks at the sinks' buffers while they hold reading back
+_BUFFER_TICK = 0.02
 #: the op each kind of change counts under in Stats.events_by when no events are built
 _CHANGE_OPS: dict[type, str] = {
     ev.Insert: "c",
@@ -160,6 +165,8 @@ class Writer:
             stats.sinks[:] = [SinkStats(sink.type_name) for sink in sinks]
         # a first flush is due flush_interval after the start, not at once
         self._last_flush = [time.monotonic()] * len(sinks)
+        for sink in sinks:  # the sinks' own buffers: half the limit, shared out
+            sink.memory_budget = memory_limit // (2 * len(sinks))
         # no sink wants events (the null sink alone): hand over decoded changes, build no events
         self._events_wanted = any(sink.wants_events for sink in sinks)
 
@@ -171,13 +178,24 @@ class Writer:
         return self._held
 
     async def put(self, txn: Transaction) -> None:
-        """Queue ``txn``; waits while the transactions held here would pass the limits."""
-        while self._held and (
-            self._held_bytes + txn.mem_bytes > self._memory_limit
-            or self._held >= self._max_transactions
-        ):
+        """Queue ``txn``; waits while the transactions held here and the sinks' buffers would
+        pass the limits (looking at the buffers, which drain without a signal, every 0.02 s)."""
+        while True:
+            buffered = sum(sink.buffered_bytes() for sink in self.sinks)
+            if (
+                not (
+                    (self._held or buffered)
+                    and self._held_bytes + buffered + txn.mem_bytes > self._memory_limit
+                )
+                and self._held < self._max_transactions
+            ):
+                break
             self._room.clear()
-            await self._room.wait()
+            if not buffered:
+                await self._room.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), _BUFFER_TICK)
         self._held += 1
         self._held_bytes += txn.mem_bytes
         self._stats.queued_bytes = self._held_bytes

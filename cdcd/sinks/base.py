@@ -15,6 +15,11 @@
 * :class:`~cdcd.errors.TransientSinkError` from any method: the pipeline calls that method again
   with the same arguments after a backoff (so a method raising it took nothing of the call).
   Anything else stops cdcd.
+* Memory: ``buffered_bytes()`` is what the sink holds in memory of events handed to it and
+  not yet written out or acknowledged; the writer counts it with its queued transactions
+  against ``buffer.memory_limit`` and holds reading back meanwhile. ``memory_budget`` (set by
+  the writer before the first transaction: a share of the limit) is what the sink should keep
+  its own buffers within, even inside one huge transaction.
 * Optional fast path: ``wants_events = False`` and ``write_changes`` take decoded changes instead
   of events (the null sink, which measures decoding alone).
 
@@ -59,6 +64,10 @@ class Sink(abc.ABC):
     #: ``flush``); the pipeline then flushes it only after a quiet moment, as a safety net
     flushes_itself: bool = False
 
+    #: bytes the sink should keep its own buffers within: a share of ``buffer.memory_limit``,
+    #: set by the writer before the first transaction (None: no bound given)
+    memory_budget: int | None = None
+
     def __init__(self, config: Any = None, context: SinkContext | None = None) -> None:
         """Subclasses are built as ``cls(config, context)`` and call ``super().__init__()``."""
         self._durable = Progress()
@@ -101,6 +110,12 @@ class Sink(abc.ABC):
 
     def _mark_durable(self, end_lsn: int) -> None:
         self._durable.advance(end_lsn)
+
+    def buffered_bytes(self) -> int:
+        """Bytes of handed-over events the sink holds in memory, not yet written out or
+        acknowledged (an estimate is fine); counted against ``buffer.memory_limit``. 0 unless
+        a sink buffers."""
+        return 0
 
     def stats(self) -> dict[str, Any]:
         """Numbers for metrics and logs (optional)."""

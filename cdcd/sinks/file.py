@@ -201,6 +201,8 @@ class _Folder:
     def _open(self, position: Position, relation: Relation | None) -> None:
         self.final = self.path / self.name_for(position)
         self.writer = self.writer_cls(temp_path(self.final), relation, self.sink.config)
+        budget = self.sink.memory_budget
+        self.writer.memory_budget = None if budget is None else budget // 2
         self.opened_at = self.sink.clock()
         self.sink.open_folders[self.path] = self
 
@@ -435,6 +437,12 @@ class FileSink(Sink):
         """Wait until no background flush is running or due (tests; see ``_schedule_flush``)."""
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
+
+    def buffered_bytes(self) -> int:
+        """What the open and sealed (not yet published) files hold in memory; each file may
+        hold half the sink's ``memory_budget``."""
+        writers = [f.writer for f in self.open_folders.values()] + [w for w, _ in self.sealed]
+        return sum(w.buffered() for w in writers if w is not None)
 
     def stats(self) -> dict[str, Any]:
         return {

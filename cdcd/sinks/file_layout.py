@@ -117,6 +117,12 @@ class TableWriter(abc.ABC):
         self.relation = relation
         self.config = config
         self.rows = 0
+        #: bytes this writer should keep in memory at most (set by the sink; None: unbounded)
+        self.memory_budget: int | None = None
+
+    def buffered(self) -> int:
+        """Bytes of events held in memory and not yet written to the file (an estimate)."""
+        return 0
 
     @abc.abstractmethod
     def write(self, events: Sequence[ChangeEvent]) -> None:

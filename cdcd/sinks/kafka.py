@@ -50,7 +50,9 @@ by the broker (``acks: all`` by default); passing a transaction end marks that t
 ``end_lsn`` durable. Every record of a transaction sits in a batch started before its end, so
 ``durable_lsn`` never passes a transaction with an unacknowledged record, nor one after it. The
 window is bounded by ``buffer_records`` and ``buffer_bytes`` (key and value bytes plus 64 per
-record; what a record really holds in memory is about three times that): ``write`` waits for
+record; what a record really holds in memory is about three times that, which is what
+``buffered_bytes`` reports; ``buffer_bytes`` is lowered to a third of the sink's
+``memory_budget``, its share of ``buffer.memory_limit``, when that is smaller): ``write`` waits for
 acknowledgements beyond them, which blocks the pipeline while the broker is away instead of
 growing memory.
 
@@ -104,7 +106,7 @@ _TOPIC_ALREADY_EXISTS = 36
 
 
 _RECORD_OVERHEAD = 64  # what a record counts for buffer_bytes beyond its key and value
-_OP_BYTES = {op: op.encode() for op in "crudtm"}
+_OP_HEADERS = {op: ("cdcd.op", op.encode()) for op in "crudtm"}
 #: the header naming the other key of a key change, by the source field that holds it
 _LINK_HEADERS = {"new_key": "__debezium.newkey", "old_key": "__debezium.oldkey"}
 
@@ -123,6 +125,11 @@ class _Batch:
     size: int = 0
     future: asyncio.Future[Any] | None = None
     error: SinkError | None = None  # handing it to the producer failed definitely
+
+    def add(self, ts: int, key: bytes | None, value: bytes | None, headers: Any) -> bool:
+        """Append one record to the batch; False when it is full (aiokafka's public
+        ``BatchBuilder.append``: its internals are not relied on)."""
+        return self.builder.append(timestamp=ts, key=key, value=value, headers=headers) is not None
 
 
 class KafkaSink(Sink):
@@ -146,7 +153,8 @@ class KafkaSink(Sink):
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._partitions: dict[str, list[int]] = {}  # known topics: their partitions, sorted
-        self._topics: dict[tuple[str | None, str | None], tuple[str, str]] = {}  # (topic, name)
+        # by (schema, table): (topic, "schema.table"); (None, None): (message topic, None)
+        self._topics: dict[tuple[str | None, str | None], tuple[str, str | None]] = {}
         self._window: deque[_Batch | int] = deque()  # batches and transaction end LSNs
         self._window_bytes = 0
         self._window_records = 0
@@ -162,7 +170,12 @@ class KafkaSink(Sink):
         self._replay_task: asyncio.Task[None] | None = None
         self._txn_counts: dict[str, int] = {}
         self._txn_commit_lsn = -1  # the transaction whose header values are cached below
-        self._txn_header_values: tuple[bytes, bytes | None, int] = (b"", None, 0)
+        # (commit_lsn header, [xid header] or [], timestamp ms)
+        self._txn_header_values: tuple[tuple[str, bytes], list[tuple[str, bytes]], int] = (
+            ("cdcd.commit_lsn", b""),
+            [],
+            0,
+        )
         self._stats = {"records_sent": 0, "records_acked": 0, "send_retries": 0, "replays": 0}
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -251,41 +264,37 @@ class KafkaSink(Sink):
         tombstones = config.tombstones
         count = config.transaction_topic
         counts = self._txn_counts
+        topics = self._topics
+        partitions = self._partitions
+        op_headers = _OP_HEADERS
+        add = self._add
+        buffer_bytes = self._buffer_bytes
         for event in events:
             op = event.op
-            schema = event.schema
-            name = None
-            if op == "m" or schema is None:
-                topic = self.message_topic
-            else:
-                topic, name = self._topics.get((schema, event.table)) or self._topic_of(event)
-                if count:
-                    counts[name] = counts.get(name, 0) + 1
-            if topic not in self._partitions:
+            route = topics.get((event.schema, event.table))
+            if route is None:
+                route = self._route_of(event)
+            topic, name = route
+            if count and name is not None:
+                counts[name] = counts.get(name, 0) + 1
+            if topic not in partitions:
                 await self._prepare_topic(topic, (event.commit_lsn, event.seq, event.lsn, ""))
             if event.commit_lsn != self._txn_commit_lsn:
                 self._cache_txn_headers(event)
-            commit_lsn_bytes, xid_bytes, ts = self._txn_header_values
-            op_bytes = _OP_BYTES.get(op) or op.encode()
-            seq_bytes = str(event.seq).encode()
-            headers = (
-                [("cdcd.commit_lsn", commit_lsn_bytes), ("cdcd.seq", seq_bytes)]
-                + ([("cdcd.xid", xid_bytes)] if xid_bytes is not None else [])
-                + [("cdcd.op", op_bytes)]
-            )
-            link = event.key_link() if op == "d" or op == "c" else None
-            if link is not None:  # a key change: Debezium's header linking the pair
-                headers.append((_LINK_HEADERS[link[0]], orjson.dumps(link[1])))
+            lsn_header, xid_headers, ts = self._txn_header_values
+            headers = [lsn_header, ("cdcd.seq", b"%d" % event.seq), *xid_headers]
+            headers.append(op_headers.get(op) or ("cdcd.op", op.encode()))
+            if op == "d" or op == "c":
+                link = event.key_link()
+                if link is not None:  # a key change: Debezium's header linking the pair
+                    headers.append((_LINK_HEADERS[link[0]], orjson.dumps(link[1])))
             key = event.key_json()  # {"prefix": ...} for logical messages
             where = (event.commit_lsn, event.seq, event.lsn, "")
-            self._add(topic, key, event.value_json(), headers, ts, where)
+            add(topic, key, event.value_json(), headers, ts, where)
             if op == "d" and key is not None and tombstones:
                 where = (event.commit_lsn, event.seq, event.lsn, " tombstone")
-                self._add(topic, key, None, headers, ts, where)
-            if (
-                self._window_records >= config.buffer_records
-                or self._window_bytes >= config.buffer_bytes
-            ):
+                add(topic, key, None, headers, ts, where)
+            if self._window_records >= config.buffer_records or self._window_bytes >= buffer_bytes:
                 await self._wait_for_room()
         if self._ready:
             await asyncio.sleep(0)  # let the submitter hand the closed batches over
@@ -332,18 +341,23 @@ class KafkaSink(Sink):
 
     # --- building records --------------------------------------------------------------------
 
-    def _topic_of(self, event: ChangeEvent) -> tuple[str, str]:
-        """(topic, "schema.table") of a table's event, remembered per table."""
-        name = f"{event.schema}.{event.table}"
-        topic = self.config.routing.get(name) or f"{self.prefix}.{name}"
-        self._topics[(event.schema, event.table)] = (topic, name)
-        return topic, name
+    def _route_of(self, event: ChangeEvent) -> tuple[str, str | None]:
+        """(topic, "schema.table") of an event's table, (message topic, None) for a logical
+        message; remembered per table."""
+        if event.schema is None:
+            route: tuple[str, str | None] = (self.message_topic, None)
+        else:
+            name = f"{event.schema}.{event.table}"
+            route = (self.config.routing.get(name) or f"{self.prefix}.{name}", name)
+        self._topics[(event.schema, event.table)] = route
+        return route
 
     def _cache_txn_headers(self, event: ChangeEvent) -> None:
+        """The header tuples every record of the event's transaction shares."""
         self._txn_commit_lsn = event.commit_lsn
-        xid = None if event.xid is None else str(event.xid).encode()
+        xid = [] if event.xid is None else [("cdcd.xid", b"%d" % event.xid)]
         ts = pg_to_unix_us(event.commit_time) // 1000
-        self._txn_header_values = (str(event.commit_lsn).encode(), xid, ts)
+        self._txn_header_values = (("cdcd.commit_lsn", b"%d" % event.commit_lsn), xid, ts)
 
     def _markers_for(self, txn: Transaction) -> bool:
         return self.config.transaction_topic and txn.kind != "message"
@@ -400,12 +414,12 @@ class KafkaSink(Sink):
             self._check_size(topic, (key, value, headers, ts, where))
         tp = (topic, partition)
         batch = self._open.get(tp) or self._new_batch(topic, partition)
-        if batch.builder.append(timestamp=ts, key=key, value=value, headers=headers) is None:
+        if not batch.add(ts, key, value, headers):
             del self._open[tp]  # full: hand it over, start the next one
             self._ready.append(batch)
             self._wake.set()
             batch = self._new_batch(topic, partition)
-            batch.builder.append(timestamp=ts, key=key, value=value, headers=headers)
+            batch.add(ts, key, value, headers)
         batch.records.append((key, value, headers, ts, where))
         batch.size += size
         self._window_records += 1
@@ -432,11 +446,22 @@ class KafkaSink(Sink):
         self._window.append(batch)
         return batch
 
+    @property
+    def _buffer_bytes(self) -> int:
+        """``buffer_bytes``, or less when the sink's ``memory_budget`` is smaller (a record
+        holds about three times its counted bytes in memory)."""
+        budget = self.memory_budget
+        limit = self.config.buffer_bytes
+        return limit if budget is None else max(1024, min(limit, budget // 3))
+
+    def buffered_bytes(self) -> int:
+        return 3 * self._window_bytes
+
     async def _wait_for_room(self) -> None:
         c = self.config
         while True:
             self._raise_failure()
-            if self._window_records < c.buffer_records and self._window_bytes < c.buffer_bytes:
+            if self._window_records < c.buffer_records and self._window_bytes < self._buffer_bytes:
                 return
             self._changed.clear()
             await self._changed.wait()
@@ -584,10 +609,8 @@ class KafkaSink(Sink):
                 for batch in handed:
                     batch.builder = self._producer.create_batch()
                     for key, value, headers, ts, _ in batch.records:
-                        added = batch.builder.append(
-                            timestamp=ts, key=key, value=value, headers=headers
-                        )
-                        assert added is not None, "a replayed batch holds what it held before"
+                        added = batch.add(ts, key, value, headers)
+                        assert added, "a replayed batch holds what it held before"
                     await self._submit(batch)
         except Exception as exc:  # a bug; make it visible to the pipeline
             self._failure = DefiniteSinkError(f"kafka: replay failed: {exc!r}")

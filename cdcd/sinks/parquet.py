@@ -77,6 +77,13 @@ ROW_GROUP_ROWS = 65_536
 #: events kept before a column-wise conversion (bounds the Python objects a writer holds)
 CONVERT_ROWS = 16_384
 _ROW_BYTES_GUESS = 256
+#: with a memory budget: events converted first, to learn the bytes per row
+FIRST_CONVERT_ROWS = 1024
+# Arrow's default pool (mimalloc) keeps freed buffers for reuse, so row groups written long
+# ago still count in the process's RSS (about 40 MB more in a W3-style run at a 32 MiB
+# buffer.memory_limit); the system allocator gives them back, which keeps the sink within its
+# memory_budget (README "Memory").
+pa.set_memory_pool(pa.system_memory_pool())
 #: Row groups are encoded and compressed here (Arrow releases the GIL meanwhile), so decoding
 #: the next events overlaps with writing the previous ones. One thread: FIFO for all files.
 _ROW_GROUP_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdcd-parquet")
@@ -400,6 +407,7 @@ class ParquetTableWriter(TableWriter):
         self._pending_rows = 0
         self._pending_bytes = 0
         self._row_bytes = _ROW_BYTES_GUESS  # Arrow bytes per row of the last converted batch
+        self._measured = False  # _row_bytes is from a converted batch
         self._written = 0  # bytes in the file after the last row group written
         self._inflight: Future[None] | None = None  # the row group the writer thread writes
         self._inflight_bytes = 0
@@ -419,7 +427,8 @@ class ParquetTableWriter(TableWriter):
             )
         self._events.extend(events)
         self.rows += len(events)
-        if len(self._events) >= CONVERT_ROWS:
+        held = len(self._events)
+        if held >= CONVERT_ROWS or self._over_budget(held * self._row_bytes, held):
             self._convert()
 
     def _convert(self) -> None:
@@ -431,7 +440,8 @@ class ParquetTableWriter(TableWriter):
         self._pending_rows += batch.num_rows
         self._pending_bytes += batch.nbytes
         self._row_bytes = max(1, batch.nbytes // batch.num_rows)
-        if self._pending_rows >= ROW_GROUP_ROWS:
+        self._measured = True
+        if self._pending_rows >= ROW_GROUP_ROWS or self._over_budget(self._pending_bytes, 0):
             self._write_pending()
 
     def _write_pending(self) -> None:
@@ -453,6 +463,19 @@ class ParquetTableWriter(TableWriter):
             inflight.result()
             self._written = self._file.tell()
             self._inflight_bytes = 0
+
+    def _over_budget(self, held: int, events: int) -> bool:
+        """Whether ``held`` bytes (events not yet converted, or converted batches not yet
+        written) pass a quarter of the memory budget: with the row group in flight and the
+        conversion under way, the writer then stays within its budget. Until a first
+        conversion tells the bytes per row, ``FIRST_CONVERT_ROWS`` events are enough."""
+        budget = self.memory_budget
+        if budget is None:
+            return False
+        return held * 4 >= budget or (not self._measured and events >= FIRST_CONVERT_ROWS)
+
+    def buffered(self) -> int:
+        return self._inflight_bytes + self._pending_bytes + len(self._events) * self._row_bytes
 
     def size(self) -> int:
         return (

@@ -1,0 +1,159 @@
+"""CPU cost of the Kafka sink per row: captured changes in, records acknowledged by a broker out.
+
+Usage::
+
+    python bench/pipeline_micro.py capture FILE --rows 100000     # once (needs PostgreSQL)
+    python bench/kafka_micro.py FILE [--compression zstd] [--partitions 1] [--profile OUT]
+
+The captured pgoutput stream (see ``bench/pipeline_micro.py``) is decoded and assembled first,
+outside the measurement; then its events are built and handed to a :class:`KafkaSink` writing
+to a fresh tansu broker (``bench.run.kafka_broker``), as the daemon's writer does (``begin``,
+``write`` per batch of 1,000, ``commit``, ``flush``). Printed: this process's CPU seconds per
+row for that part (event encoding, key and headers, partitioning, batches, compression,
+aiokafka's send path), and wall time. The broker runs in its own process and is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def transactions(path: Path) -> list:
+    """The captured stream's committed transactions, assembled (kept unreleased)."""
+    from cdcd.assembler.assembler import Assembler
+    from cdcd.decoder.pgoutput import PgOutputDecoder
+    from cdcd.wire.session import Session, State
+
+    stream = path.read_bytes()
+    session = Session(user="u", database="d")
+    session._state = State.COPY_BOTH
+    decoder = PgOutputDecoder(1)
+    spill = Path(tempfile.mkdtemp(prefix="cdcd-kmicro-spill-"))
+    assembler = Assembler(memory_limit=4 << 30, spill_dir=spill)
+    header = struct.Struct("!cQQq").unpack_from
+    txns = []
+    for start in range(0, len(stream), 65536):
+        session.receive_data(stream[start : start + 65536])
+        for payload in session.copy_data_run():
+            _, lsn, _, _ = header(payload)
+            data = payload[25:]
+            txn = assembler.feed(decoder.decode(data, lsn), lsn, data)
+            if txn is not None:
+                txns.append(txn)
+    return txns
+
+
+def encode_only(txns: list) -> tuple[int, float, float]:
+    """The floor: the same events built, with the key and value JSON the sink asks for."""
+    from cdcd.events.catalog import StaticCatalog
+    from cdcd.events.encoder import Encoder
+    from cdcd.sinks.base import SinkContext
+
+    encoder = Encoder(SinkContext("bench", "bench", Path()), StaticCatalog())
+    events = 0
+    t0 = time.process_time()
+    w0 = time.perf_counter()
+    for txn in txns:
+        for batch in encoder.batches(txn):
+            events += len(batch)
+            for event in batch:
+                event.key_json()
+                event.value_json()
+    return events, time.process_time() - t0, time.perf_counter() - w0
+
+
+async def drain(bootstrap: str, txns: list, options: dict) -> tuple[int, float, float]:
+    from cdcd.events.catalog import StaticCatalog
+    from cdcd.events.encoder import Encoder
+    from cdcd.sinks.base import SinkContext
+    from cdcd.sinks.kafka import KafkaSink
+    from cdcd.sinks.kafka_client import KafkaSinkConfig
+
+    context = SinkContext("bench", "bench", Path())
+    config = KafkaSinkConfig(
+        bootstrap_servers=bootstrap,
+        topic_prefix=f"kmicro{time.monotonic_ns()}",
+        idempotence=False,
+        **options,
+    )
+    sink = KafkaSink(config, context)
+    await sink.start()
+    encoder = Encoder(context, StaticCatalog())
+    events = 0
+    t0 = time.process_time()
+    w0 = time.perf_counter()
+    for txn in txns:
+        await sink.begin(txn)
+        for batch in encoder.batches(txn):
+            events += len(batch)
+            await sink.write(batch)
+        await sink.commit(txn)
+    await sink.flush()
+    cpu = time.process_time() - t0
+    wall = time.perf_counter() - w0
+    assert sink.durable_lsn() == txns[-1].end_lsn
+    await sink.close()
+    return events, cpu, wall
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--compression", default="zstd")
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument(
+        "--encode-only", action="store_true", help="only build events and their key/value JSON"
+    )
+    parser.add_argument("--profile", type=Path, help="write cProfile stats of the drain here")
+    args = parser.parse_args()
+    import gc
+
+    gc.set_threshold(50_000, 20, 100)  # as cdcd.runtime.tune_gc
+    if os.environ.get("KMICRO_NOGC"):
+        gc.disable()
+    from bench.run import kafka_broker
+
+    txns = transactions(args.file)
+    if args.encode_only:
+        events, cpu, wall = encode_only(txns)
+        print(f"{events} events, cpu {cpu / events * 1e6:.2f} us/row (encode only)")
+        return
+    options = {"compression": args.compression, "partitions": args.partitions}
+    with kafka_broker() as broker:
+        profiler = cProfile.Profile() if args.profile else None
+        if profiler is not None:
+            profiler.enable()
+        b0 = _cpu_of(broker._proc.pid)
+        events, cpu, wall = asyncio.run(drain(broker.bootstrap, txns, options))
+        broker_cpu = _cpu_of(broker._proc.pid) - b0
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(str(args.profile))
+    print(
+        f"{events} events, cpu {cpu:.2f}s ({cpu / events * 1e6:.2f} us/row, "
+        f"{events / cpu:,.0f} rows/s), wall {wall:.2f}s ({events / wall:,.0f} rows/s), "
+        f"{options}; broker cpu {broker_cpu:.2f}s"
+    )
+    shutil.rmtree(tempfile.gettempdir() + "/cdcd-kmicro-spill-", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
