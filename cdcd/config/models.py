@@ -210,13 +210,15 @@ class SourceConfig(_Model):
 class SnapshotConfig(_Model):
     """``snapshot``: whether to copy the tables' existing rows before streaming changes."""
 
-    mode: Annotated[Literal["initial", "never", "initial_only"], BeforeValidator(_lowercase)] = (
-        "initial"
-    )
+    mode: Annotated[
+        Literal["initial", "never", "initial_only", "incremental"], BeforeValidator(_lowercase)
+    ] = "initial"
     #: where cdcd records that a snapshot is running, so an interrupted one is redone
     state_dir: ConfigPath = Field(default=Path("cdcd-state"), validate_default=True)
     #: rows fetched per round trip while snapshotting
     batch_rows: int = Field(default=5000, ge=1)
+    #: rows per chunk of an incremental snapshot (README "Incremental snapshots")
+    chunk_rows: int = Field(default=2048, ge=1)
 
 
 class BufferConfig(_Model):
