@@ -28,7 +28,6 @@ from typing import Any
 
 import structlog
 
-from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
 from cdcd.lsn import format_lsn
@@ -36,7 +35,7 @@ from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
 from cdcd.snapshot import SnapshotTable, published_tables
 from cdcd.source import open_sql
-from cdcd.stats import Stats
+from cdcd.stats import Stats, TableSnapshot
 from cdcd.wire.frontend import quote_ident
 
 log = structlog.get_logger("cdcd.snapshot")
@@ -49,6 +48,25 @@ JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 WHERE i.indrelid = $1 AND i.indisprimary
 ORDER BY k.ord
 """
+
+
+#: seconds between progress lines in the log
+_LOG_EVERY = 5.0
+
+
+def _log_progress(name: str, progress: TableSnapshot, rows: int, seconds: float) -> None:
+    """Rows done / estimated, rate and ETA of one table's snapshot."""
+    rate = rows / seconds if seconds > 0 else 0.0
+    left = max(progress.estimate - progress.rows, 0)
+    log.info(
+        "incremental snapshot progress",
+        table=name,
+        rows=progress.rows,
+        estimate=progress.estimate,
+        percent=round(100 * progress.rows / progress.estimate, 1) if progress.estimate else None,
+        rows_per_s=round(rate),
+        eta_s=round(left / rate) if rate else None,
+    )
 
 
 class IncrementalState:
@@ -108,13 +126,11 @@ class IncrementalSnapshot:
         self,
         config: Config,
         source: Any,
-        catalog: LiveCatalog,
         tracker: ProgressTracker,
         stats: Stats,
     ) -> None:
         self.config = config
         self.source = source
-        self.catalog = catalog
         self.tracker = tracker
         self.stats = stats
         self.state = IncrementalState(config.snapshot.state_dir, config.source.slot)
@@ -194,7 +210,6 @@ class IncrementalSnapshot:
             entry["status"] = "skipped"
             self.state.save()
             return
-        await self.catalog.on_relation(table.relation)
         estimate = await conn.fetchval(
             "SELECT reltuples::int8 FROM pg_class WHERE oid = $1", table.relation.oid
         )
@@ -212,7 +227,10 @@ class IncrementalSnapshot:
             estimate=entry["estimate"],
             resumed_after=last_key,
         )
-        started = time.monotonic()
+        progress = self.stats.snapshots[name] = TableSnapshot(
+            "running", rows_done, int(entry["estimate"] or 0)
+        )
+        started = last_log = time.monotonic()
         while self.state.tables.get(name) is entry:
             self._record_durable()
             chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
@@ -240,6 +258,12 @@ class IncrementalSnapshot:
                     None if v is None else v.decode() for v in _key_values(chunk, chunk.rows[-1])
                 ]
             rows_done += result.emitted
+            progress.rows = rows_done
+            progress.dropped += result.dropped
+            progress.chunks += 1
+            if time.monotonic() - last_log >= _LOG_EVERY:
+                last_log = time.monotonic()
+                _log_progress(name, progress, rows_done - int(entry["rows"]), last_log - started)
             self._undurable.append(_Done(name, result.end_lsn, last_key, rows_done, finished))
             if result.end_lsn:
                 log.debug(
@@ -254,8 +278,11 @@ class IncrementalSnapshot:
         while self._undurable:
             await asyncio.sleep(0.1)
             self._record_durable()
+        progress.status = "done"
         log.info(
             "incremental snapshot of table done",
+            dropped=progress.dropped,
+            chunks=progress.chunks,
             table=name,
             rows=rows_done,
             seconds=round(time.monotonic() - started, 3),

@@ -159,6 +159,9 @@ class Reader:
                                 if taken is None:
                                     continue  # a watermark or signal: not for the sinks
                                 txn = taken
+                                rel = next(txn.changes()).relations[0]  # a snapshot chunk
+                                if not catalog.knows(rel.oid):  # no change of it streamed yet
+                                    await catalog.on_relation(rel)
                     if not tracker.queued(txn.end_lsn, cap):
                         txn.release()  # resent after a reconnect; the sinks have it
                         continue

@@ -113,7 +113,7 @@ class Pipeline:
             if cfg.snapshot.mode == "initial_only":
                 log.info("snapshot.mode is initial_only: done")
                 return EXIT_OK
-            self.incremental = IncrementalSnapshot(cfg, source, catalog, tracker, self.stats)
+            self.incremental = IncrementalSnapshot(cfg, source, tracker, self.stats)
             self.reader = reader = Reader(
                 cfg,
                 assembler,
