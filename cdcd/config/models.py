@@ -219,6 +219,8 @@ class SnapshotConfig(_Model):
     batch_rows: int = Field(default=5000, ge=1)
     #: rows per chunk of an incremental snapshot (README "Incremental snapshots")
     chunk_rows: int = Field(default=2048, ge=1)
+    #: tables added to the publication while cdcd runs are snapshotted incrementally
+    new_tables: bool = True
 
 
 class BufferConfig(_Model):

@@ -52,6 +52,8 @@ ORDER BY k.ord
 
 #: seconds between progress lines in the log
 _LOG_EVERY = 5.0
+#: seconds between looks for tables added to the publication (``snapshot.new_tables``)
+_POLL_SECONDS = 2.0
 
 
 def _log_progress(name: str, progress: TableSnapshot, rows: int, seconds: float) -> None:
@@ -77,17 +79,24 @@ class IncrementalState:
         self.path = state_dir / f"{slot}.incremental.json"
         self.tables: dict[str, dict[str, Any]] = {}
         self.last_signal = 0  # end LSN of the last signal taken (they are sent again)
+        self.known: list[str] | None = None  # the published tables at the last look
         self.exists = self.path.exists()
         if self.exists:
             data = json.loads(self.path.read_text())
             self.tables = data["tables"]
             self.last_signal = int(data.get("last_signal", 0))
+            self.known = data.get("known")
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name("." + self.path.name + ".tmp")
         with tmp.open("w") as fh:
-            fh.write(json.dumps({"tables": self.tables, "last_signal": self.last_signal}, indent=1))
+            fh.write(
+                json.dumps(
+                    {"tables": self.tables, "last_signal": self.last_signal, "known": self.known},
+                    indent=1,
+                )
+            )
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(self.path)
@@ -150,26 +159,56 @@ class IncrementalSnapshot:
         self._wake.set()
 
     async def run(self) -> None:
+        cfg = self.config.snapshot
+        watch_new = cfg.new_tables and cfg.mode != "never"
         conn = None
         try:
-            if self.config.snapshot.mode == "incremental" and not self.state.exists:
+            if watch_new or cfg.mode == "incremental" or self.state.pending():
                 conn = await open_sql(self.source.params, self.config.source.connect_timeout)
-                tables = await published_tables(conn, self.config.source.publication)
-                self.request([f"{t.relation.namespace}.{t.relation.name}" for t in tables])
+            if conn is not None and self.state.known is None:  # the first start with this state
+                self.state.known = await self._published(conn)
+                if cfg.mode == "incremental":
+                    self.request(self.state.known)
+                self.state.save()
+            polled = time.monotonic()
             while True:
+                if watch_new and time.monotonic() - polled >= _POLL_SECONDS:
+                    assert conn is not None
+                    polled = time.monotonic()
+                    await self._new_tables(conn)
                 pending = self.state.pending()
-                if not pending:
-                    self._record_durable()
-                    self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), 0.5)
+                if pending:
+                    if conn is None:
+                        conn = await open_sql(
+                            self.source.params, self.config.source.connect_timeout
+                        )
+                    await self._table(conn, pending[0])
                     continue
-                if conn is None:
-                    conn = await open_sql(self.source.params, self.config.source.connect_timeout)
-                await self._table(conn, pending[0])
+                self._record_durable()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.5)
         finally:
             if conn is not None:
                 await conn.close()
+
+    async def _published(self, conn: Any) -> list[str]:
+        tables = await published_tables(conn, self.config.source.publication)
+        return [f"{t.relation.namespace}.{t.relation.name}" for t in tables]
+
+    async def _new_tables(self, conn: Any) -> None:
+        """``snapshot.new_tables``: request the tables added to the publication since the last
+        look (a table removed and added again counts as new)."""
+        published = await self._published(conn)
+        known = set(self.state.known or ())
+        new = [name for name in published if name not in known]
+        if new or len(known) != len(published):
+            self.state.known = published
+            if new:
+                log.info("tables added to the publication", tables=new)
+                self.request(new)
+            else:
+                self.state.save()
 
     def _record_durable(self) -> None:
         """Write the progress of the chunks every sink now holds durably."""
@@ -200,7 +239,7 @@ class IncrementalSnapshot:
             entry["status"] = "done"
             self.state.save()
             return
-        key_cols = await conn.fetch(_KEY_SQL, table.relation.oid)
+        key_cols = await primary_key(conn, table.relation.oid)
         if not key_cols:
             log.error(
                 "table has no primary key and is not snapshotted: incremental snapshots read "
@@ -294,6 +333,11 @@ class IncrementalSnapshot:
             if f"{rel.namespace}.{rel.name}" == name:
                 return table
         return None
+
+
+async def primary_key(conn: Any, oid: int) -> list[Any]:
+    """The primary key's columns of table ``oid`` in key order: ``(name, type)`` records."""
+    return list(await conn.fetch(_KEY_SQL, oid))
 
 
 def _chunk_sql(table: SnapshotTable, keys: list[tuple[str, str]], after: Any) -> str:

@@ -187,3 +187,130 @@ def apply_events_lenient(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(ident)
         kept.append(event)
     return comparable(apply_events(kept))
+
+
+def _stop(proc: Any) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
+def _streaming(proc: Any, tmp_path: Path) -> None:
+    _wait(lambda: bool(_log_lines(tmp_path, "streaming")), 60, "streaming", proc)
+
+
+def test_snapshot_on_demand_through_a_signal(pg_db: PgDatabase, tmp_path: Path) -> None:
+    _setup(pg_db)
+    cfg = _config(tmp_path, pg_db.dsn, "never")
+    LOG[:] = [tmp_path / "cdcd.log"]
+    proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
+    try:
+        _streaming(proc, tmp_path)
+        pg_db.execute("UPDATE t SET n = n + 1 WHERE id % 7 = 0; DELETE FROM t WHERE id % 11 = 0")
+        bad = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.nope", check=False)
+        assert bad.returncode != 0 and "public.nope" in bad.stderr + bad.stdout
+        out = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.t").stdout
+        assert "requested a snapshot of public.t" in out
+        pg_db.execute("UPDATE t SET v = 'late' WHERE id % 13 = 0")
+        _wait(
+            lambda: _state(tmp_path).get("public.t", {}).get("status") == "done",
+            60,
+            "the snapshot",
+            proc,
+        )
+        status = run_cdcd("snapshot", "status", "--config", str(cfg)).stdout
+        assert "public.t" in status and "done" in status, status
+    finally:
+        _stop(proc)
+    events = _finish(tmp_path, cfg, pg_db)
+    reads = Counter(e["after"]["id"] for e in events if e["op"] == "r")
+    assert len(reads) == ROWS - ROWS // 11 and max(reads.values()) == 1
+    assert apply_events_lenient(events) == _source_rows(pg_db)
+    # another run does not take the signal again
+    run_cdcd("run", "--config", str(cfg), "--endpos")
+    assert len([e for e in checked_events(tmp_path / "out", "public.t") if e["op"] == "r"]) == len(
+        reads
+    )
+
+
+def test_table_added_to_the_publication_is_backfilled(pg_db: PgDatabase, tmp_path: Path) -> None:
+    _setup(pg_db)
+    pg_db.execute(
+        "CREATE PUBLICATION cdcd_e2e_pub FOR TABLE t;"
+        "CREATE TABLE t2 (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL);"
+        "INSERT INTO t2 SELECT g, 'w' || g, 1 FROM generate_series(1, 500) g"
+    )
+    cfg = _config(tmp_path, pg_db.dsn, "incremental")
+    LOG[:] = [tmp_path / "cdcd.log"]
+    proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
+    try:
+        _wait(
+            lambda: _state(tmp_path).get("public.t", {}).get("status") == "done",
+            60,
+            "the snapshot of t",
+            proc,
+        )
+        assert "public.t2" not in _state(tmp_path)
+        pg_db.execute(
+            "ALTER PUBLICATION cdcd_e2e_pub ADD TABLE t2;"
+            "INSERT INTO t2 VALUES (1000, 'after', 2); UPDATE t2 SET n = 5 WHERE id < 10"
+        )
+        _wait(
+            lambda: _state(tmp_path).get("public.t2", {}).get("status") == "done",
+            60,
+            "the snapshot of t2",
+            proc,
+        )
+    finally:
+        _stop(proc)
+    run_cdcd("run", "--config", str(cfg), "--endpos")
+    events = checked_events(tmp_path / "out", "public.t2")
+    rows = comparable(
+        {"id": i, "v": v, "n": n} for i, v, n in pg_db.fetch("SELECT id, v, n FROM t2")
+    )
+    assert apply_events_lenient(events) == rows
+    assert sum(e["op"] == "r" for e in events) == 501
+
+
+def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> None:
+    rows = 30000
+    pg_db.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL);"
+        f"INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(1, {rows}) g; ANALYZE t"
+    )
+    cfg = _config(tmp_path, pg_db.dsn, "incremental")
+    LOG[:] = [tmp_path / "cdcd.log"]
+    workload = Workload(pg_db.dsn, seed=7)
+    workload.start()
+    kills = 0
+    try:
+        for fraction in (0.2, 0.5):
+            proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
+            _wait(
+                lambda f=fraction: _state(tmp_path).get("public.t", {}).get("rows", 0) > rows * f,
+                90,
+                "progress",
+                proc,
+            )
+            proc.kill()
+            proc.wait()
+            kills += 1
+        proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
+        _wait(
+            lambda: _state(tmp_path).get("public.t", {}).get("status") == "done",
+            90,
+            "the snapshot",
+            proc,
+        )
+    finally:
+        workload.stop.set()
+        workload.join()
+    _stop(proc)
+    assert workload.error is None, workload.error
+    events = _finish(tmp_path, cfg, pg_db)
+    assert apply_events_lenient(events) == _source_rows(pg_db)
+    resumed = _log_lines(tmp_path, "incremental snapshot of table")
+    assert len(resumed) == 3 and resumed[0]["resumed_after"] is None
+    assert all(r["resumed_after"] for r in resumed[1:]), resumed
+    reads = Counter(e["after"]["id"] for e in events if e["op"] == "r")
+    again = sum(n - 1 for n in reads.values())
+    assert max(reads.values()) <= 1 + kills and again < 0.2 * rows, (again, kills)
