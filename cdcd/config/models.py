@@ -219,6 +219,9 @@ class SnapshotConfig(_Model):
     batch_rows: int = Field(default=5000, ge=1)
     #: rows per chunk of an incremental snapshot (README "Incremental snapshots")
     chunk_rows: int = Field(default=2048, ge=1)
+    #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a
+    #: crash may emit again; throughput is at most this many chunks per sink flush interval
+    chunks_in_flight: int = Field(default=16, ge=1)
     #: tables added to the publication while cdcd runs are snapshotted incrementally
     new_tables: bool = True
 

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import structlog
 
 from cdcd.config import Config
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
+from cdcd.errors import DefiniteSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
@@ -240,12 +242,16 @@ class IncrementalSnapshot:
             self.state.save()
             return
         key_cols = await primary_key(conn, table.relation.oid)
-        if not key_cols:
-            log.error(
-                "table has no primary key and is not snapshotted: incremental snapshots read "
-                "tables in key order (add a primary key, or use snapshot.mode: initial)",
-                table=name,
-            )
+        problem = (
+            "source.binary is on: incremental snapshots compare keys as text (turn it off)"
+            if self.config.source.binary
+            else None
+            if key_cols
+            else "it has no primary key: incremental snapshots read tables in key order (add "
+            "a primary key, or use snapshot.mode: initial)"
+        )
+        if problem is not None:
+            log.error(f"table not snapshotted: {problem}", table=name)
             entry["status"] = "skipped"
             self.state.save()
             return
@@ -272,6 +278,10 @@ class IncrementalSnapshot:
         started = last_log = time.monotonic()
         while self.state.tables.get(name) is entry:
             self._record_durable()
+            # bounded: what a crash makes emit again (chunks not recorded yet) stays small
+            while len(self._undurable) >= self.config.snapshot.chunks_in_flight:
+                await asyncio.sleep(0.05)
+                self._record_durable()
             chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
             self.watermarks.arm(chunk)
             try:
@@ -371,4 +381,16 @@ def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:
 
 async def _watermark(conn: Any, chunk_id: str, mark: str) -> None:
     content = json.dumps({"id": chunk_id, "mark": mark})
-    await conn.fetchval("SELECT pg_logical_emit_message(true, $1, $2)", WATERMARK, content)
+    try:
+        await conn.fetchval("SELECT pg_logical_emit_message(true, $1, $2)", WATERMARK, content)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise DefiniteSourceError(
+            f"incremental snapshot: {exc}; the role writes watermarks with "
+            "pg_logical_emit_message: GRANT EXECUTE ON FUNCTION "
+            "pg_logical_emit_message(boolean, text, text) TO <role>"
+        ) from exc
+    except asyncpg.ReadOnlySQLTransactionError as exc:
+        raise DefiniteSourceError(
+            f"incremental snapshot: {exc}; watermarks are written to the WAL, which a standby "
+            "cannot do: incremental snapshots need the primary"
+        ) from exc

@@ -79,10 +79,10 @@ class Workload(threading.Thread):
             self.error = exc
 
 
-def _config(tmp_path: Path, dsn: str, mode: str) -> Path:
+def _config(tmp_path: Path, dsn: str, mode: str, **snapshot: Any) -> Path:
     cfg = write_config(tmp_path, dsn, snapshot=mode)
     data = yaml.safe_load(cfg.read_text())
-    data["snapshot"]["chunk_rows"] = CHUNK
+    data["snapshot"].update({"chunk_rows": CHUNK, **snapshot})
     data["sinks"][0]["flush_interval"] = 0.2
     cfg.write_text(yaml.safe_dump(data))
     return cfg
@@ -223,7 +223,8 @@ def test_snapshot_on_demand_through_a_signal(pg_db: PgDatabase, tmp_path: Path) 
         _stop(proc)
     events = _finish(tmp_path, cfg, pg_db)
     reads = Counter(e["after"]["id"] for e in events if e["op"] == "r")
-    assert len(reads) == ROWS - ROWS // 11 and max(reads.values()) == 1
+    (done,) = _log_lines(tmp_path, "incremental snapshot of table done")
+    assert len(reads) + done["dropped"] == ROWS - ROWS // 11 and max(reads.values()) == 1
     assert apply_events_lenient(events) == _source_rows(pg_db)
     # another run does not take the signal again
     run_cdcd("run", "--config", str(cfg), "--endpos")
@@ -272,12 +273,12 @@ def test_table_added_to_the_publication_is_backfilled(pg_db: PgDatabase, tmp_pat
 
 
 def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> None:
-    rows = 30000
+    rows = 10000
     pg_db.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL);"
         f"INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(1, {rows}) g; ANALYZE t"
     )
-    cfg = _config(tmp_path, pg_db.dsn, "incremental")
+    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=100, chunks_in_flight=4)
     LOG[:] = [tmp_path / "cdcd.log"]
     workload = Workload(pg_db.dsn, seed=7)
     workload.start()
@@ -313,4 +314,5 @@ def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> 
     assert all(r["resumed_after"] for r in resumed[1:]), resumed
     reads = Counter(e["after"]["id"] for e in events if e["op"] == "r")
     again = sum(n - 1 for n in reads.values())
-    assert max(reads.values()) <= 1 + kills and again < 0.2 * rows, (again, kills)
+    # emitted again: at most the chunks in flight (4, and the one being read) at each kill
+    assert max(reads.values()) <= 1 + kills and again <= kills * 5 * 100, (again, kills)
