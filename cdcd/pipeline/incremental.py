@@ -31,7 +31,7 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
-from cdcd.errors import DefiniteSourceError
+from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
@@ -51,6 +51,15 @@ WHERE i.indrelid = $1 AND i.indisprimary
 ORDER BY k.ord
 """
 
+
+#: what a lost connection raises (the server restarting, a cut connection): retried
+_CONNECTION_LOST = (
+    OSError,
+    TransientSourceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+)
 
 #: seconds between progress lines in the log
 _LOG_EVERY = 5.0
@@ -173,18 +182,41 @@ class IncrementalSnapshot:
                     self.request(self.state.known)
                 self.state.save()
             polled = time.monotonic()
+            backoff = 1.0
             while True:
                 if watch_new and time.monotonic() - polled >= _POLL_SECONDS:
-                    assert conn is not None
                     polled = time.monotonic()
-                    await self._new_tables(conn)
+                    try:
+                        if conn is None:
+                            conn = await open_sql(
+                                self.source.params, self.config.source.connect_timeout
+                            )
+                        await self._new_tables(conn)
+                    except _CONNECTION_LOST as exc:
+                        log.warning("could not look for new tables", error=str(exc))
+                        if conn is not None:
+                            conn.terminate()
+                        conn = None
                 pending = self.state.pending()
                 if pending:
-                    if conn is None:
-                        conn = await open_sql(
-                            self.source.params, self.config.source.connect_timeout
+                    try:
+                        if conn is None:
+                            conn = await open_sql(
+                                self.source.params, self.config.source.connect_timeout
+                            )
+                        await self._table(conn, pending[0])
+                        backoff = 1.0
+                    except _CONNECTION_LOST as exc:  # the reader reconnects on its own
+                        log.warning(
+                            "incremental snapshot lost its connection; resuming after a backoff",
+                            error=str(exc),
+                            backoff_s=backoff,
                         )
-                    await self._table(conn, pending[0])
+                        if conn is not None:
+                            conn.terminate()
+                        conn = None
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, 10.0)
                     continue
                 self._record_durable()
                 self._wake.clear()
@@ -237,9 +269,7 @@ class IncrementalSnapshot:
         entry = self.state.tables[name]
         table = await self._describe(conn, name)
         if table is None:
-            log.warning("table to snapshot is not in the publication; skipped", table=name)
-            entry["status"] = "done"
-            self.state.save()
+            self._removed(name, entry)
             return
         key_cols = await primary_key(conn, table.relation.oid)
         problem = (
@@ -275,22 +305,34 @@ class IncrementalSnapshot:
         progress = self.stats.snapshots[name] = TableSnapshot(
             "running", rows_done, int(entry["estimate"] or 0)
         )
-        started = last_log = time.monotonic()
+        started = last_log = described = time.monotonic()
         while self.state.tables.get(name) is entry:
             self._record_durable()
             # bounded: what a crash makes emit again (chunks not recorded yet) stays small
             while len(self._undurable) >= self.config.snapshot.chunks_in_flight:
                 await asyncio.sleep(0.05)
                 self._record_durable()
+            if time.monotonic() - described >= _POLL_SECONDS:
+                described = time.monotonic()
+                current = await self._describe(conn, name)  # columns added, dropped, ...
+                if current is None:
+                    self._removed(name, entry)
+                    break
+                table = current
             chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
             self.watermarks.arm(chunk)
             try:
                 await _watermark(conn, chunk.id, "low")
-                records = await conn.fetch(
-                    _chunk_sql(table, keys, last_key),
-                    self.config.snapshot.chunk_rows,
-                    *(last_key or ()),
-                )
+                try:
+                    records = await conn.fetch(
+                        _chunk_sql(table, keys, last_key),
+                        self.config.snapshot.chunk_rows,
+                        *(last_key or ()),
+                    )
+                except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+                    log.info("table changed during its snapshot", table=name, error=str(exc))
+                    described = 0.0  # describe it again before the next chunk
+                    continue
                 chunk.rows = [_row(r) for r in records]
                 await _watermark(conn, chunk.id, "high")
                 result = await chunk.done
@@ -338,11 +380,19 @@ class IncrementalSnapshot:
         )
 
     async def _describe(self, conn: Any, name: str) -> SnapshotTable | None:
-        for table in await published_tables(conn, self.config.source.publication):
-            rel = table.relation
-            if f"{rel.namespace}.{rel.name}" == name:
-                return table
-        return None
+        """The table as published now; None when it is not (dropped, removed)."""
+        schema, _, table = name.partition(".")
+        found = await published_tables(conn, self.config.source.publication, (schema, table))
+        return found[0] if found else None
+
+    def _removed(self, name: str, entry: dict[str, Any]) -> None:
+        log.warning(
+            "table dropped or removed from the publication during its snapshot; its snapshot "
+            "stops (cdcd snapshot --table restarts it once it is published again)",
+            table=name,
+        )
+        entry["status"] = "removed"
+        self.state.save()
 
 
 async def primary_key(conn: Any, oid: int) -> list[Any]:

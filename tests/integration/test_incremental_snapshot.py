@@ -316,3 +316,33 @@ def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> 
     again = sum(n - 1 for n in reads.values())
     # emitted again: at most the chunks in flight (4, and the one being read) at each kill
     assert max(reads.values()) <= 1 + kills and again <= kills * 5 * 100, (again, kills)
+
+
+def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_path: Path) -> None:
+    rows = 10000
+    pg_db.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL);"
+        f"INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(1, {rows}) g;"
+        "CREATE TABLE u (id int PRIMARY KEY); INSERT INTO u VALUES (1), (2)"
+    )
+    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=100, chunks_in_flight=2)
+    LOG[:] = [tmp_path / "cdcd.log"]
+    proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
+    try:
+        _wait(lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 1000, 60, "t", proc)
+        pg_db.execute("ALTER TABLE t ADD COLUMN extra int NOT NULL DEFAULT 7; DROP TABLE u")
+        _wait(
+            lambda: _state(tmp_path).get("public.u", {}).get("status") == "removed",
+            60,
+            "u given up",
+            proc,
+        )
+        assert _state(tmp_path)["public.t"]["status"] == "done"
+    finally:
+        _stop(proc)
+    events = _finish(tmp_path, cfg, pg_db)
+    reads = [e["after"] for e in events if e["op"] == "r"]
+    assert sorted(r["id"] for r in reads) == list(range(1, rows + 1))
+    # chunks read after the ALTER (described again) carry the new column
+    assert reads[-1] == {"id": rows, "v": f"v{rows}", "n": 0, "extra": 7}
+    assert "extra" not in reads[0]
