@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from tests.e2e import (
     start_cdcd,
     write_config,
 )
-from tests.pgharness import PgDatabase
+from tests.pgharness import PgCluster, PgDatabase, create_database
 
 pytestmark = [pytest.mark.pg, pytest.mark.timeout(180)]
 
@@ -346,3 +347,34 @@ def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_p
     # chunks read after the ALTER (described again) carry the new column
     assert reads[-1] == {"id": rows, "v": f"v{rows}", "n": 0, "extra": 7}
     assert "extra" not in reads[0]
+
+
+def test_server_restart_during_the_snapshot(
+    pg_cluster_factory: Callable[..., PgCluster], tmp_path: Path
+) -> None:
+    db = create_database(pg_cluster_factory())
+    rows = 10000
+    db.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL);"
+        f"INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(1, {rows}) g"
+    )
+    cfg = _config(tmp_path, db.dsn, "incremental", chunk_rows=100, chunks_in_flight=2)
+    LOG[:] = [tmp_path / "cdcd.log"]
+    proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
+    try:
+        _wait(lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 1000, 60, "t", proc)
+        db.cluster.restart("immediate")
+        db.execute("UPDATE t SET n = 1 WHERE id % 10 = 0")
+        _wait(
+            lambda: _state(tmp_path).get("public.t", {}).get("status") == "done",
+            90,
+            "the snapshot",
+            proc,
+        )
+    finally:
+        _stop(proc)
+    assert _log_lines(
+        tmp_path, "incremental snapshot lost its connection; resuming after a backoff"
+    )
+    events = _finish(tmp_path, cfg, db)
+    assert apply_events_lenient(events) == _source_rows(db)
