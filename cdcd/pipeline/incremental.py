@@ -31,7 +31,7 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
-from cdcd.errors import DefiniteSourceError, TransientSourceError
+from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
@@ -99,6 +99,15 @@ class IncrementalState:
             self.known = data.get("known")
 
     def save(self) -> None:
+        try:
+            self._save()
+        except OSError as exc:
+            raise ConfigError(
+                f"snapshot.state_dir {self.path.parent}: cannot record the incremental "
+                f"snapshot's progress: {exc.strerror or exc} (make it writable)"
+            ) from exc
+
+    def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name("." + self.path.name + ".tmp")
         with tmp.open("w") as fh:
@@ -218,7 +227,7 @@ class IncrementalSnapshot:
                         await asyncio.sleep(backoff)
                         backoff = min(backoff * 2, 10.0)
                     continue
-                self._record_durable()
+                self.record_durable()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), 0.5)
@@ -244,8 +253,9 @@ class IncrementalSnapshot:
             else:
                 self.state.save()
 
-    def _record_durable(self) -> None:
-        """Write the progress of the chunks every sink now holds durably."""
+    def record_durable(self) -> None:
+        """Write the progress of the chunks every sink now holds durably (also called by the
+        pipeline once it has drained, so that an orderly stop re-reads nothing)."""
         durable = self.tracker.durable_lsn()
         done = 0
         for item in self._undurable:
@@ -307,11 +317,11 @@ class IncrementalSnapshot:
         )
         started = last_log = described = time.monotonic()
         while self.state.tables.get(name) is entry:
-            self._record_durable()
+            self.record_durable()
             # bounded: what a crash makes emit again (chunks not recorded yet) stays small
             while len(self._undurable) >= self.config.snapshot.chunks_in_flight:
                 await asyncio.sleep(0.05)
-                self._record_durable()
+                self.record_durable()
             if time.monotonic() - described >= _POLL_SECONDS:
                 described = time.monotonic()
                 current = await self._describe(conn, name)  # columns added, dropped, ...
@@ -368,7 +378,7 @@ class IncrementalSnapshot:
                 break
         while self._undurable:
             await asyncio.sleep(0.1)
-            self._record_durable()
+            self.record_durable()
         progress.status = "done"
         log.info(
             "incremental snapshot of table done",

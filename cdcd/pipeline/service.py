@@ -189,6 +189,8 @@ class Pipeline:
                     return EXIT_FAILURE
             await writer.flush_all()
             await acker.acknowledge(final=True)
+            if self.incremental is not None:
+                self.incremental.record_durable()
             return EXIT_OK
         finally:
             for task in tasks:
