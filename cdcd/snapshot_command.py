@@ -13,6 +13,8 @@ import json
 import sys
 from typing import TextIO
 
+import asyncpg
+
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
 from cdcd.pipeline.incremental import IncrementalState, primary_key
@@ -42,11 +44,18 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
                     f"--table {name}: has no primary key; incremental snapshots read tables in "
                     "key order (add a primary key)"
                 )
-        lsn = await conn.fetchval(
-            "SELECT pg_logical_emit_message(true, $1, $2)::text",
-            SIGNAL,
-            json.dumps({"tables": names}),
-        )
+        try:
+            lsn = await conn.fetchval(
+                "SELECT pg_logical_emit_message(true, $1, $2)::text",
+                SIGNAL,
+                json.dumps({"tables": names}),
+            )
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise DefiniteSourceError(
+                f"{exc}: the request is a logical message; GRANT EXECUTE ON FUNCTION "
+                "pg_logical_emit_message(boolean, text, text) TO the role (17+: (boolean, text, "
+                "text, boolean); cdcd check shows the signature)"
+            ) from exc
     finally:
         await conn.close()
     out.write(f"requested a snapshot of {', '.join(names)} (signal at {lsn})\n")

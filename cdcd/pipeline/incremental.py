@@ -447,7 +447,8 @@ async def _watermark(conn: Any, chunk_id: str, mark: str) -> None:
         raise DefiniteSourceError(
             f"incremental snapshot: {exc}; the role writes watermarks with "
             "pg_logical_emit_message: GRANT EXECUTE ON FUNCTION "
-            "pg_logical_emit_message(boolean, text, text) TO <role>"
+            "pg_logical_emit_message(boolean, text, text) TO <role> (17+: (boolean, text, text, "
+            "boolean); cdcd check shows the signature)"
         ) from exc
     except asyncpg.ReadOnlySQLTransactionError as exc:
         raise DefiniteSourceError(

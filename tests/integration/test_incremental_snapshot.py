@@ -378,3 +378,29 @@ def test_server_restart_during_the_snapshot(
     )
     events = _finish(tmp_path, cfg, db)
     assert apply_events_lenient(events) == _source_rows(db)
+
+
+def test_a_role_without_the_watermark_grant(pg_db: PgDatabase, tmp_path: Path) -> None:
+    role = f"nomsg_{pg_db.name}"
+    _setup(pg_db)
+    emit = pg_db.fetchval(  # (boolean, text, text), with a fourth argument on 17+
+        "SELECT oid::regprocedure::text FROM pg_proc WHERE proname = 'pg_logical_emit_message' "
+        "AND proargtypes[2] = 'text'::regtype"
+    )
+    pg_db.execute(
+        f"CREATE ROLE {role} LOGIN REPLICATION PASSWORD 'pw'; GRANT SELECT ON t TO {role};"
+        "CREATE PUBLICATION cdcd_e2e_pub FOR TABLE t;"
+        f"REVOKE EXECUTE ON FUNCTION {emit} FROM PUBLIC"
+    )
+    try:
+        cfg = _config(tmp_path, pg_db.dsn_for(user=role, password="pw"), "incremental")
+        check = run_cdcd("check", "--config", str(cfg), check=False)
+        assert check.returncode != 0
+        assert f"GRANT EXECUTE ON FUNCTION {emit} TO this role" in check.stdout
+        asked = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.t", check=False)
+        assert asked.returncode == 3, asked
+        assert "GRANT EXECUTE ON FUNCTION pg_logical_emit_message" in asked.stderr + asked.stdout
+    finally:
+        pg_db.execute(
+            f"GRANT EXECUTE ON FUNCTION {emit} TO PUBLIC; DROP OWNED BY {role}; DROP ROLE {role}"
+        )
