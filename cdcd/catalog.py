@@ -64,6 +64,10 @@ class LiveCatalog:
         """Query through ``conn`` from now on (the pipeline reconnects after losing the source)."""
         self._conn = conn
 
+    def knows(self, oid: int) -> bool:
+        """Whether :meth:`on_relation` has seen the relation ``oid``."""
+        return oid in self._keys
+
     def key_columns(self, relation: Relation) -> tuple[str, ...] | None:
         if relation.oid in self._keys:
             return self._keys[relation.oid]

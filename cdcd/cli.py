@@ -138,6 +138,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_option(slot)
     slot.set_defaults(handler=_cmd_slot)
 
+    snapshot = commands.add_parser(
+        "snapshot",
+        help="ask the daemon for an incremental snapshot of tables, or show progress",
+        formatter_class=formatter,
+        description="Without an action: ask the running daemon (through a signal in the "
+        'replication stream, README "Incremental snapshots") to snapshot the named tables '
+        "again, in chunks, while it streams. 'status': the progress recorded in "
+        "snapshot.state_dir.",
+        epilog="examples:\n  cdcd snapshot --config cdcd.yaml --table public.orders\n"
+        "  cdcd snapshot status --config cdcd.yaml",
+    )
+    snapshot.add_argument("action", nargs="?", choices=("status",), help="show progress")
+    snapshot.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="SCHEMA.TABLE",
+        help="a published table with a primary key (repeatable)",
+    )
+    _add_config_option(snapshot)
+    snapshot.set_defaults(handler=_cmd_snapshot)
+
     quickstart = commands.add_parser(
         "quickstart",
         help="a local demo on an embedded PostgreSQL",
@@ -220,6 +242,17 @@ def _cmd_slot(args: argparse.Namespace) -> int:
         return int(commands.slot(config, args.action))
 
     return _with_config(args, slot)
+
+
+def _cmd_snapshot(args: argparse.Namespace) -> int:
+    def snapshot(config: Any) -> int:
+        from cdcd import snapshot_command
+
+        if args.action == "status":
+            return snapshot_command.status(config)
+        return snapshot_command.request(config, args.table)
+
+    return _with_config(args, snapshot)
 
 
 def _cmd_quickstart(args: argparse.Namespace) -> int:

@@ -106,6 +106,8 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
                     "replication" + (", superuser" if privileges["rolsuper"] else ""),
                 )
             )
+        if config.snapshot.mode == "incremental" or config.snapshot.new_tables:
+            findings.append(await _watermark_finding(conn, config.snapshot.mode))
         info = await slots.slot_info(conn, src.slot)
         if info is None:
             status = OK if src.create_slot else FAIL
@@ -159,6 +161,24 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
         return EXIT_USAGE
     failed = [f for f in findings if f.status == FAIL]
     return EXIT_SOURCE if failed else EXIT_OK
+
+
+async def _watermark_finding(conn: Any, mode: str) -> Finding:
+    """Incremental snapshots write watermarks with pg_logical_emit_message (README
+    "Incremental snapshots"): EXECUTE on it (PUBLIC's by default), on a primary."""
+    signature, allowed = await conn.fetchrow(
+        "SELECT p.oid::regprocedure::text, has_function_privilege(p.oid, 'EXECUTE') "
+        "FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' "
+        "AND p.proargtypes[2] = 'text'::regtype"
+    )
+    status = OK if allowed else FAIL if mode == "incremental" else WARN
+    detail = (
+        "pg_logical_emit_message: EXECUTE granted"
+        if allowed
+        else f"no EXECUTE on pg_logical_emit_message: GRANT EXECUTE ON FUNCTION {signature} "
+        "TO this role"
+    )
+    return Finding("watermarks", status, detail)
 
 
 def _directory_findings(config: Config) -> list[Finding]:

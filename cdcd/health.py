@@ -27,6 +27,34 @@ log = structlog.get_logger("cdcd.health")
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
+def _snapshot_metrics(s: Stats) -> Iterator[Any]:
+    """Per table of an incremental snapshot: rows emitted, estimated, dropped; running."""
+    families: dict[str, Any] = {
+        "rows": CounterMetricFamily(
+            "cdcd_snapshot_rows", "rows emitted by incremental snapshots", labels=["table"]
+        ),
+        "estimate": GaugeMetricFamily(
+            "cdcd_snapshot_rows_estimated",
+            "rows of the table when its snapshot started (pg_class.reltuples)",
+            labels=["table"],
+        ),
+        "dropped": CounterMetricFamily(
+            "cdcd_snapshot_rows_dropped",
+            "rows read by a chunk but changed in its watermark window (the stream has them)",
+            labels=["table"],
+        ),
+        "running": GaugeMetricFamily(
+            "cdcd_snapshot_running", "1 while the table's snapshot runs", labels=["table"]
+        ),
+    }
+    for table, t in sorted(s.snapshots.items()):
+        families["rows"].add_metric([table], t.rows)
+        families["estimate"].add_metric([table], t.estimate)
+        families["dropped"].add_metric([table], t.dropped)
+        families["running"].add_metric([table], 1 if t.status == "running" else 0)
+    yield from families.values()
+
+
 class StatsCollector(Collector):
     """Reads :class:`~cdcd.stats.Stats` at scrape time."""
 
@@ -52,6 +80,7 @@ class StatsCollector(Collector):
         for (table, op), count in sorted(s.events_by.items()):
             events.add_metric([table, op], count)
         yield events
+        yield from _snapshot_metrics(s)
         yield CounterMetricFamily(
             "cdcd_reconnects", "reconnections to the source after a failure", value=s.reconnects
         )

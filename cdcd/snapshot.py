@@ -101,13 +101,20 @@ class SnapshotState:
         self._write({"status": "done", "consistent_point": consistent_point})
 
 
-async def published_tables(conn: Any, publication: str) -> list[SnapshotTable]:
-    """The publication's tables with their published columns and row filters."""
+async def published_tables(
+    conn: Any, publication: str, only: tuple[str, str] | None = None
+) -> list[SnapshotTable]:
+    """The publication's tables with their published columns and row filters; ``only``: just
+    the table ``(schema, name)`` (none if it is not published)."""
     major = int(await conn.fetchval("SHOW server_version_num")) // 10000
     extra = "pt.attnames, pt.rowfilter" if major >= 15 else "NULL::name[], NULL::text"
-    rows = await conn.fetch(
-        _TABLES_SQL.replace("SELECT c.oid::int8,", f"SELECT {extra}, c.oid::int8,"), publication
-    )
+    sql = _TABLES_SQL.replace("SELECT c.oid::int8,", f"SELECT {extra}, c.oid::int8,")
+    if only is not None:
+        sql = sql.replace(
+            "WHERE pt.pubname = $1",
+            "WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3",
+        )
+    rows = await conn.fetch(sql, publication, *(only or ()))
     tables = []
     for attnames, rowfilter, oid, schema, name, replident in rows:
         published = set(attnames) if attnames is not None else None

@@ -54,6 +54,18 @@ class SinkStats:
 
 
 @dataclass
+class TableSnapshot:
+    """Per table of an incremental snapshot: rows emitted (``r``), the estimate
+    (``pg_class.reltuples``), rows dropped because the stream changed them in their window."""
+
+    status: str = "pending"
+    rows: int = 0
+    estimate: int = 0
+    dropped: int = 0
+    chunks: int = 0
+
+
+@dataclass
 class Stats:
     """Everything the pipeline reports. Written by its stages, read by anyone."""
 
@@ -89,6 +101,8 @@ class Stats:
     #: bytes of committed transactions waiting for (or being written to) the sinks
     queued_bytes: int = 0
     sinks: list[SinkStats] = field(default_factory=list)
+    #: incremental snapshots by table (README "Incremental snapshots")
+    snapshots: dict[str, TableSnapshot] = field(default_factory=dict)
 
     def lag_seconds(self, now: float | None = None) -> float:
         """Now minus the commit time of the last delivered transaction; 0 when caught up."""

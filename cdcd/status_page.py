@@ -72,6 +72,10 @@ def collect(s: Stats) -> dict[str, Any]:
         "retained_wal_bytes": s.slot_retained_bytes,
         "snapshot_rows": snapshot_rows,
         "tables": {t: tables[t] for t in sorted(tables)},
+        "snapshots": {
+            t: {"status": p.status, "rows": p.rows, "estimate": p.estimate, "dropped": p.dropped}
+            for t, p in sorted(s.snapshots.items())
+        },
         "sinks": sinks,
         "generated_at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
     }
@@ -101,6 +105,12 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 table.grid th, table.grid td { border-bottom: 1px solid #d5d9e0; }
 .muted { color: #667; font-size: 13px; }
 """
+
+
+def _percent(p: dict[str, Any]) -> str:
+    if p["status"] == "done":
+        return "100%"
+    return f"{min(99.9, 100 * p['rows'] / p['estimate']):.1f}%" if p["estimate"] else "-"
 
 
 def render(data: dict[str, Any]) -> bytes:
@@ -149,6 +159,18 @@ def render(data: dict[str, Any]) -> bytes:
         f'<td class="muted">{e(", ".join(f"{k} {v}" for k, v in sink["stats"].items()))}</td></tr>'
         for i, sink in enumerate(data["sinks"])
     )
+    snapshots = "".join(
+        f"<tr><td>{e(table)}</td><td>{e(p['status'])}</td>"
+        f'<td class="n">{p["rows"]:,}</td><td class="n">{p["estimate"]:,}</td>'
+        f'<td class="n">{_percent(p)}</td><td class="n">{p["dropped"]:,}</td></tr>'
+        for table, p in data.get("snapshots", {}).items()
+    )
+    if snapshots:
+        snapshots = (
+            '<h2>Incremental snapshots</h2><table class="grid" id="snapshots"><tr><th>table</th>'
+            '<th>status</th><th class="n">rows</th><th class="n">estimate</th>'
+            f'<th class="n">done</th><th class="n">dropped</th></tr>{snapshots}</table>'
+        )
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="{REFRESH_SECONDS}">
@@ -160,6 +182,7 @@ def render(data: dict[str, Any]) -> bytes:
 <h2>Replication</h2><table>{overview}</table>
 <h2>Tables</h2>
 <table class="grid" id="tables"><tr><th>table</th>{head}<th class="n">total</th></tr>{rows}</table>
+{snapshots}
 <h2>Sinks</h2>
 <table class="grid" id="sinks"><tr><th>#</th><th>type</th><th>durable position</th><th>stats</th></tr>{sinks}</table>
 </body></html>

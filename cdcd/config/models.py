@@ -210,13 +210,20 @@ class SourceConfig(_Model):
 class SnapshotConfig(_Model):
     """``snapshot``: whether to copy the tables' existing rows before streaming changes."""
 
-    mode: Annotated[Literal["initial", "never", "initial_only"], BeforeValidator(_lowercase)] = (
-        "initial"
-    )
+    mode: Annotated[
+        Literal["initial", "never", "initial_only", "incremental"], BeforeValidator(_lowercase)
+    ] = "initial"
     #: where cdcd records that a snapshot is running, so an interrupted one is redone
     state_dir: ConfigPath = Field(default=Path("cdcd-state"), validate_default=True)
     #: rows fetched per round trip while snapshotting
     batch_rows: int = Field(default=5000, ge=1)
+    #: rows per chunk of an incremental snapshot (README "Incremental snapshots")
+    chunk_rows: int = Field(default=2048, ge=1)
+    #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a
+    #: crash may emit again; throughput is at most this many chunks per sink flush interval
+    chunks_in_flight: int = Field(default=32, ge=1)
+    #: tables added to the publication while cdcd runs are snapshotted incrementally
+    new_tables: bool = True
 
 
 class BufferConfig(_Model):

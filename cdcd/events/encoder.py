@@ -146,6 +146,14 @@ class Encoder:
 
     def events(self, txn: Transaction) -> Iterator[ChangeEvent]:
         """The events of ``txn`` in ``seq`` order."""
+        if txn.kind == "snapshot":  # a chunk of an incremental snapshot: rows of one table
+            rows = [record.change.new for record in txn.changes()]  # type: ignore[union-attr]
+            if rows:
+                relation = next(txn.changes()).relations[0]
+                yield from self.snapshot_events(
+                    relation, rows, commit_lsn=txn.commit_lsn, commit_time=txn.commit_time
+                )
+            return
         transactional = txn.kind != "message"
         info = TxnInfo(
             self.context,

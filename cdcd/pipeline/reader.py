@@ -30,6 +30,7 @@ from cdcd.decoder.pgoutput import PgOutputDecoder
 from cdcd.errors import SpillError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
+from cdcd.pipeline.watermarks import PREFIXES, Watermarks, marker
 from cdcd.pipeline.writer import Writer
 from cdcd.replication.client import ReplicationClient
 from cdcd.replication.options import stream_options
@@ -61,6 +62,7 @@ class Reader:
         *,
         endpos: int | None,
         stop: asyncio.Event,
+        watermarks: Watermarks | None = None,
     ) -> None:
         self.config = config
         self.assembler = assembler
@@ -71,6 +73,7 @@ class Reader:
         self.endpos = endpos
         self._stop = stop
         self.endpos_reached = False
+        self.watermarks = watermarks
 
     async def stream(self, client: ReplicationClient) -> None:
         """Stream from ``client`` until ``--endpos`` or a stop request (return) or a failure
@@ -101,6 +104,8 @@ class Reader:
         endpos = self.endpos
         catalog = self.catalog
         writer = self.writer
+        watermarks = self.watermarks
+        marked = False  # the transaction being received carries a watermark or signal
         reads_before = stats.socket_reads
         async for batch in client.message_batches():
             # The server sends a message only after every transaction prepared or committed
@@ -117,7 +122,9 @@ class Reader:
                         continue  # decoded when the transaction is released
                     msg = decoder.decode(data, lsn)
                     kind = type(msg)
-                    if kind is ev.Relation:
+                    if kind is ev.Message and msg.prefix in PREFIXES:  # type: ignore[union-attr]
+                        marked = True
+                    elif kind is ev.Relation:
                         tracker.received(streamed)
                         await catalog.on_relation(msg)  # type: ignore[arg-type]
                     two_phase = kind in _TWO_PHASE_EVENTS
@@ -142,6 +149,19 @@ class Reader:
                         tracker.streamed(streamed)
                         self._reach_endpos()
                         return
+                    if watermarks is not None and (marked or watermarks.window_open):
+                        mark = marker(txn) if marked else None
+                        marked = False
+                        if txn.end_lsn > tracker.last_queued_end:  # else a resend: below
+                            taken = watermarks.observe(txn, mark)
+                            if taken is not txn:
+                                txn.release()
+                                if taken is None:
+                                    continue  # a watermark or signal: not for the sinks
+                                txn = taken
+                                rel = next(txn.changes()).relations[0]  # a snapshot chunk
+                                if not catalog.knows(rel.oid):  # no change of it streamed yet
+                                    await catalog.on_relation(rel)
                     if not tracker.queued(txn.end_lsn, cap):
                         txn.release()  # resent after a reconnect; the sinks have it
                         continue

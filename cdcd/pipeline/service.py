@@ -28,6 +28,7 @@ from cdcd.config import Config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
 from cdcd.events.encoder import Encoder
 from cdcd.pipeline.acker import Acker
+from cdcd.pipeline.incremental import IncrementalSnapshot
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.reader import Reader
 from cdcd.pipeline.slot_watch import watch_slot
@@ -55,6 +56,7 @@ class Pipeline:
         self.acker: Acker | None = None
         self.reader: Reader | None = None
         self.tracker: ProgressTracker | None = None
+        self.incremental: IncrementalSnapshot | None = None
         self._stop = asyncio.Event()
         self._latency = LatencyLog.from_env()  # bench/run.py only (cdcd.benchlog)
 
@@ -111,6 +113,7 @@ class Pipeline:
             if cfg.snapshot.mode == "initial_only":
                 log.info("snapshot.mode is initial_only: done")
                 return EXIT_OK
+            self.incremental = IncrementalSnapshot(cfg, source, tracker, self.stats)
             self.reader = reader = Reader(
                 cfg,
                 assembler,
@@ -120,6 +123,7 @@ class Pipeline:
                 self.stats,
                 endpos=self.endpos,
                 stop=self._stop,
+                watermarks=self.incremental.watermarks,
             )
             supervisor = Supervisor(source, reader, catalog, self.stats, self._stop)
             self.acker = Acker(
@@ -150,6 +154,8 @@ class Pipeline:
             asyncio.create_task(acker.run(), name="acker"),
             asyncio.create_task(watch_slot(source, self.stats), name="slot-watch"),
         }
+        if self.incremental is not None:
+            tasks.add(asyncio.create_task(self.incremental.run(), name="incremental-snapshot"))
         stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
         tasks.add(stop_waiter)
         if self._latency is not None:
@@ -183,6 +189,8 @@ class Pipeline:
                     return EXIT_FAILURE
             await writer.flush_all()
             await acker.acknowledge(final=True)
+            if self.incremental is not None:
+                self.incremental.record_durable()
             return EXIT_OK
         finally:
             for task in tasks:

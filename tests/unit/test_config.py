@@ -249,7 +249,10 @@ def test_bad_enum_lists_the_allowed_values(tmp_path: Path) -> None:
         "source.streaming: bad value (got 'sometimes'; allowed: off, on, parallel, auto)" in lines
     )
     assert "source.proto_version: bad value (got 9; allowed: 1, 2, 3, 4, auto)" in lines
-    assert "snapshot.mode: bad value (got 'always'; allowed: initial, never, initial_only)" in lines
+    assert (
+        "snapshot.mode: bad value (got 'always'; allowed: initial, never, initial_only, incremental)"
+        in lines
+    )
 
 
 def test_bad_enum_in_a_sink(tmp_path: Path) -> None:

@@ -1,0 +1,457 @@
+"""Incremental snapshots: tables read in key-ordered chunks while streaming goes on (DBLog).
+
+For each requested table with a primary key, chunk after chunk (README "Incremental
+snapshots")::
+
+    arm the window ▶ low watermark ▶ SELECT ... WHERE (key) > (last) ORDER BY key LIMIT n
+        ▶ high watermark ▶ wait until the reader has reached it (cdcd.pipeline.watermarks)
+
+The reader drops the rows changed inside the window and queues the rest as a ``"snapshot"``
+transaction at the high watermark's position, like any committed transaction: the progress
+tracker confirms nothing past it until every sink holds it durably. The progress of each table
+(its last chunk's key) is written to :class:`IncrementalState` only once that chunk is durable
+in every sink, so a restart (kill -9 included) resumes at the next chunk; at worst the chunks
+in flight at the crash are emitted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import structlog
+
+from cdcd.config import Config
+from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
+from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
+from cdcd.lsn import format_lsn
+from cdcd.pipeline.progress import ProgressTracker
+from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
+from cdcd.snapshot import SnapshotTable, published_tables
+from cdcd.source import open_sql
+from cdcd.stats import Stats, TableSnapshot
+from cdcd.wire.frontend import quote_ident
+
+log = structlog.get_logger("cdcd.snapshot")
+
+_KEY_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1 AND i.indisprimary
+ORDER BY k.ord
+"""
+
+
+#: what a lost connection raises (the server restarting, a cut connection): retried
+_CONNECTION_LOST = (
+    OSError,
+    TransientSourceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,
+)
+
+#: seconds between progress lines in the log
+_LOG_EVERY = 5.0
+#: seconds between looks for tables added to the publication (``snapshot.new_tables``)
+_POLL_SECONDS = 2.0
+
+
+def _log_progress(name: str, progress: TableSnapshot, rows: int, seconds: float) -> None:
+    """Rows done / estimated, rate and ETA of one table's snapshot."""
+    rate = rows / seconds if seconds > 0 else 0.0
+    left = max(progress.estimate - progress.rows, 0)
+    log.info(
+        "incremental snapshot progress",
+        table=name,
+        rows=progress.rows,
+        estimate=progress.estimate,
+        percent=round(100 * progress.rows / progress.estimate, 1) if progress.estimate else None,
+        rows_per_s=round(rate),
+        eta_s=round(left / rate) if rate else None,
+    )
+
+
+class IncrementalState:
+    """``<state_dir>/<slot>.incremental.json``: per table, whether it is requested, the key of
+    its last durable chunk, the rows emitted and the estimate; written atomically (fsynced)."""
+
+    def __init__(self, state_dir: Path, slot: str) -> None:
+        self.path = state_dir / f"{slot}.incremental.json"
+        self.tables: dict[str, dict[str, Any]] = {}
+        self.last_signal = 0  # end LSN of the last signal taken (they are sent again)
+        self.known: list[str] | None = None  # the published tables at the last look
+        self.exists = self.path.exists()
+        if self.exists:
+            data = json.loads(self.path.read_text())
+            self.tables = data["tables"]
+            self.last_signal = int(data.get("last_signal", 0))
+            self.known = data.get("known")
+
+    def save(self) -> None:
+        try:
+            self._save()
+        except OSError as exc:
+            raise ConfigError(
+                f"snapshot.state_dir {self.path.parent}: cannot record the incremental "
+                f"snapshot's progress: {exc.strerror or exc} (make it writable)"
+            ) from exc
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name("." + self.path.name + ".tmp")
+        with tmp.open("w") as fh:
+            fh.write(
+                json.dumps(
+                    {"tables": self.tables, "last_signal": self.last_signal, "known": self.known},
+                    indent=1,
+                )
+            )
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.exists = True
+
+    def request(self, tables: list[str]) -> None:
+        """Snapshot ``tables`` (again) from their first key."""
+        for name in tables:
+            self.tables[name] = {"status": "pending", "last_key": None, "rows": 0, "estimate": None}
+        self.save()
+
+    def pending(self) -> list[str]:
+        return [n for n, t in self.tables.items() if t["status"] in ("pending", "running")]
+
+
+@dataclass(slots=True)
+class _Done:
+    """A chunk queued at ``end_lsn`` (0: nothing queued), to record once durable."""
+
+    table: str
+    end_lsn: int
+    last_key: list[str | None] | None
+    rows: int
+    finished: bool
+
+
+class IncrementalSnapshot:
+    """The task that reads the requested tables; :meth:`request` adds tables (signals)."""
+
+    def __init__(
+        self,
+        config: Config,
+        source: Any,
+        tracker: ProgressTracker,
+        stats: Stats,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.tracker = tracker
+        self.stats = stats
+        self.state = IncrementalState(config.snapshot.state_dir, config.source.slot)
+        self.watermarks = Watermarks(self.request)
+        self._wake = asyncio.Event()
+        self._undurable: list[_Done] = []
+
+    def request(self, tables: list[str], signal_lsn: int = 0) -> None:
+        """Tables asked for (by a signal in the stream at ``signal_lsn``, or at start):
+        recorded at once. A signal already taken (sent again after a restart) is ignored."""
+        if signal_lsn:
+            if signal_lsn <= self.state.last_signal:
+                return
+            self.state.last_signal = signal_lsn
+        log.info("incremental snapshot requested", tables=tables)
+        self.state.request(tables)
+        self._wake.set()
+
+    async def run(self) -> None:
+        cfg = self.config.snapshot
+        watch_new = cfg.new_tables and cfg.mode != "never"
+        conn = None
+        try:
+            if watch_new or cfg.mode == "incremental" or self.state.pending():
+                conn = await open_sql(self.source.params, self.config.source.connect_timeout)
+            if conn is not None and self.state.known is None:  # the first start with this state
+                self.state.known = await self._published(conn)
+                if cfg.mode == "incremental":
+                    self.request(self.state.known)
+                self.state.save()
+            polled = time.monotonic()
+            backoff = 1.0
+            while True:
+                if watch_new and time.monotonic() - polled >= _POLL_SECONDS:
+                    polled = time.monotonic()
+                    try:
+                        if conn is None:
+                            conn = await open_sql(
+                                self.source.params, self.config.source.connect_timeout
+                            )
+                        await self._new_tables(conn)
+                    except _CONNECTION_LOST as exc:
+                        log.warning("could not look for new tables", error=str(exc))
+                        if conn is not None:
+                            conn.terminate()
+                        conn = None
+                pending = self.state.pending()
+                if pending:
+                    try:
+                        if conn is None:
+                            conn = await open_sql(
+                                self.source.params, self.config.source.connect_timeout
+                            )
+                        await self._table(conn, pending[0])
+                        backoff = 1.0
+                    except _CONNECTION_LOST as exc:  # the reader reconnects on its own
+                        log.warning(
+                            "incremental snapshot lost its connection; resuming after a backoff",
+                            error=str(exc),
+                            backoff_s=backoff,
+                        )
+                        if conn is not None:
+                            conn.terminate()
+                        conn = None
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, 10.0)
+                    continue
+                self.record_durable()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.5)
+        finally:
+            if conn is not None:
+                await conn.close()
+
+    async def _published(self, conn: Any) -> list[str]:
+        tables = await published_tables(conn, self.config.source.publication)
+        return [f"{t.relation.namespace}.{t.relation.name}" for t in tables]
+
+    async def _new_tables(self, conn: Any) -> None:
+        """``snapshot.new_tables``: request the tables added to the publication since the last
+        look (a table removed and added again counts as new)."""
+        published = await self._published(conn)
+        known = set(self.state.known or ())
+        new = [name for name in published if name not in known]
+        if new or len(known) != len(published):
+            self.state.known = published
+            if new:
+                log.info("tables added to the publication", tables=new)
+                self.request(new)
+            else:
+                self.state.save()
+
+    def record_durable(self) -> None:
+        """Write the progress of the chunks every sink now holds durably (also called by the
+        pipeline once it has drained, so that an orderly stop re-reads nothing)."""
+        durable = self.tracker.durable_lsn()
+        done = 0
+        for item in self._undurable:
+            if item.end_lsn > durable:
+                break
+            done += 1
+        if not done:
+            return
+        for item in self._undurable[:done]:
+            entry = self.state.tables.get(item.table)
+            if entry is None or entry["status"] == "pending":
+                continue  # requested again meanwhile: starts over
+            entry["last_key"] = item.last_key
+            entry["rows"] = item.rows
+            if item.finished:
+                entry["status"] = "done"
+        del self._undurable[:done]
+        self.state.save()
+
+    async def _table(self, conn: Any, name: str) -> None:
+        entry = self.state.tables[name]
+        table = await self._describe(conn, name)
+        if table is None:
+            self._removed(name, entry)
+            return
+        key_cols = await primary_key(conn, table.relation.oid)
+        problem = (
+            "source.binary is on: incremental snapshots compare keys as text (turn it off)"
+            if self.config.source.binary
+            else None
+            if key_cols
+            else "it has no primary key: incremental snapshots read tables in key order (add "
+            "a primary key, or use snapshot.mode: initial)"
+        )
+        if problem is not None:
+            log.error(f"table not snapshotted: {problem}", table=name)
+            entry["status"] = "skipped"
+            self.state.save()
+            return
+        estimate = await conn.fetchval(
+            "SELECT reltuples::int8 FROM pg_class WHERE oid = $1", table.relation.oid
+        )
+        if entry["status"] == "pending":
+            entry["status"] = "running"
+            entry["estimate"] = max(int(estimate), 0)
+            self.state.save()
+        key_names = tuple(str(r[0]) for r in key_cols)
+        rows_done = int(entry["rows"])
+        last_key = entry["last_key"]
+        keys = [(str(r[0]), str(r[1])) for r in key_cols]
+        log.info(
+            "incremental snapshot of table",
+            table=name,
+            estimate=entry["estimate"],
+            resumed_after=last_key,
+        )
+        progress = self.stats.snapshots[name] = TableSnapshot(
+            "running", rows_done, int(entry["estimate"] or 0)
+        )
+        started = last_log = described = time.monotonic()
+        while self.state.tables.get(name) is entry:
+            self.record_durable()
+            # bounded: what a crash makes emit again (chunks not recorded yet) stays small
+            while len(self._undurable) >= self.config.snapshot.chunks_in_flight:
+                await asyncio.sleep(0.05)
+                self.record_durable()
+            if time.monotonic() - described >= _POLL_SECONDS:
+                described = time.monotonic()
+                current = await self._describe(conn, name)  # columns added, dropped, ...
+                if current is None:
+                    self._removed(name, entry)
+                    break
+                table = current
+            chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
+            self.watermarks.arm(chunk)
+            try:
+                await _watermark(conn, chunk.id, "low")
+                try:
+                    records = await conn.fetch(
+                        _chunk_sql(table, keys, last_key),
+                        self.config.snapshot.chunk_rows,
+                        *(last_key or ()),
+                    )
+                except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+                    log.info("table changed during its snapshot", table=name, error=str(exc))
+                    described = 0.0  # describe it again before the next chunk
+                    continue
+                chunk.rows = [_row(r) for r in records]
+                await _watermark(conn, chunk.id, "high")
+                result = await chunk.done
+            finally:
+                self.watermarks.disarm(chunk)
+            if result.retry:
+                log.info(
+                    "chunk changed in a way its keys cannot show; reading it again", table=name
+                )
+                continue
+            finished = len(records) < self.config.snapshot.chunk_rows
+            if records:
+                last_key = [
+                    None if v is None else v.decode() for v in _key_values(chunk, chunk.rows[-1])
+                ]
+            rows_done += result.emitted
+            progress.rows = rows_done
+            progress.dropped += result.dropped
+            progress.chunks += 1
+            if time.monotonic() - last_log >= _LOG_EVERY:
+                last_log = time.monotonic()
+                _log_progress(name, progress, rows_done - int(entry["rows"]), last_log - started)
+            self._undurable.append(_Done(name, result.end_lsn, last_key, rows_done, finished))
+            if result.end_lsn:
+                log.debug(
+                    "chunk queued",
+                    table=name,
+                    at=format_lsn(result.end_lsn),
+                    rows=result.emitted,
+                    dropped=result.dropped,
+                )
+            if finished:
+                break
+        while self._undurable:
+            await asyncio.sleep(0.1)
+            self.record_durable()
+        progress.status = "done"
+        log.info(
+            "incremental snapshot of table done",
+            dropped=progress.dropped,
+            chunks=progress.chunks,
+            table=name,
+            rows=rows_done,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    async def _describe(self, conn: Any, name: str) -> SnapshotTable | None:
+        """The table as published now; None when it is not (dropped, removed)."""
+        schema, _, table = name.partition(".")
+        found = await published_tables(conn, self.config.source.publication, (schema, table))
+        return found[0] if found else None
+
+    def _removed(self, name: str, entry: dict[str, Any]) -> None:
+        log.warning(
+            "table dropped or removed from the publication during its snapshot; its snapshot "
+            "stops (cdcd snapshot --table restarts it once it is published again)",
+            table=name,
+        )
+        entry["status"] = "removed"
+        self.state.save()
+
+
+async def primary_key(conn: Any, oid: int) -> list[Any]:
+    """The primary key's columns of table ``oid`` in key order: ``(name, type)`` records."""
+    return list(await conn.fetch(_KEY_SQL, oid))
+
+
+def _chunk_sql(table: SnapshotTable, keys: list[tuple[str, str]], after: Any) -> str:
+    """Keyset pagination: the next ``$1`` rows after the key ``$2..`` in key order."""
+    rel = table.relation
+    # aliased: ORDER BY a name of the select list would sort by its text
+    select = ", ".join(f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns))
+    cols = ", ".join(quote_ident(k) for k, _ in keys)
+    sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
+    where = []
+    if after is not None:
+        params = ", ".join(f"${i + 2}::text::{t}" for i, (_, t) in enumerate(keys))
+        where.append(f"({cols}) > ({params})")
+    if table.row_filter:
+        where.append(f"({table.row_filter})")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + f" ORDER BY {cols} LIMIT $1"
+
+
+def _row(record: Any) -> TupleData:
+    values = tuple(None if v is None else v.encode() for v in record)
+    return TupleData(bytes(KIND_NULL if v is None else KIND_TEXT for v in values), values)
+
+
+def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:
+    key = chunk.key_of(chunk.relation, row)
+    assert key is not None  # a primary key is never null
+    return key
+
+
+async def _watermark(conn: Any, chunk_id: str, mark: str) -> None:
+    content = json.dumps({"id": chunk_id, "mark": mark})
+    try:
+        await conn.fetchval("SELECT pg_logical_emit_message(true, $1, $2)", WATERMARK, content)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise DefiniteSourceError(
+            f"incremental snapshot: {exc}; the role writes watermarks with "
+            "pg_logical_emit_message: GRANT EXECUTE ON FUNCTION "
+            "pg_logical_emit_message(boolean, text, text) TO <role> (17+: (boolean, text, text, "
+            "boolean); cdcd check shows the signature)"
+        ) from exc
+    except asyncpg.ReadOnlySQLTransactionError as exc:
+        raise DefiniteSourceError(
+            f"incremental snapshot: {exc}; watermarks are written to the WAL, which a standby "
+            "cannot do: incremental snapshots need the primary"
+        ) from exc

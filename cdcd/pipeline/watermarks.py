@@ -1,0 +1,211 @@
+"""The reader's side of incremental snapshots: watermark windows in the replication stream.
+
+An incremental snapshot (:mod:`cdcd.pipeline.incremental`, README "Incremental snapshots")
+reads a table in chunks, each between a low and a high watermark: transactional logical
+messages with the prefix :data:`WATERMARK` that the snapshot connection writes with
+``pg_logical_emit_message(true, 'cdcd-watermark', ...)``. They come back in the replication
+stream in commit order. Between the two (the *window*), every change to a key of the chunk's
+table is noted; at the high watermark the chunk's rows whose keys changed in the window are
+dropped (the stream carries a newer image of them), and the rest are handed to the sinks as a
+transaction of kind ``"snapshot"`` that takes the high watermark's place and position: its
+``op: "r"`` events sort after every change they survived and before every later one.
+
+A message with the prefix :data:`SIGNAL` (written by ``cdcd snapshot --table``) asks for
+tables to be snapshotted. Watermarks and signals are never published to the sinks.
+
+This module holds no I/O: the reader calls :meth:`Watermarks.observe` for each committed
+transaction it is about to queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.decoder.events import (
+    KIND_NULL,
+    KIND_UNCHANGED_TOAST,
+    Delete,
+    Insert,
+    Message,
+    Relation,
+    Truncate,
+    TupleData,
+    Update,
+)
+
+WATERMARK = "cdcd-watermark"
+SIGNAL = "cdcd-signal"
+PREFIXES = (WATERMARK, SIGNAL)
+
+Key = tuple[bytes | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkResult:
+    """What became of a chunk at its high watermark. ``retry``: the window saw a change whose
+    key could not be read (a TRUNCATE, a key column missing from the image), so the chunk must
+    be read again; otherwise ``emitted`` rows were queued at ``end_lsn`` (0: none)."""
+
+    retry: bool
+    end_lsn: int = 0
+    emitted: int = 0
+    dropped: int = 0
+
+
+@dataclass(eq=False)
+class Chunk:
+    """One chunk of a table between its watermarks. ``rows`` are set by the snapshot before it
+    writes the high watermark; ``key_names`` name the key columns in key order."""
+
+    id: str
+    relation: Relation
+    key_names: tuple[str, ...]
+    rows: list[TupleData] | None = None
+    opened: bool = False
+    dirty: bool = False
+    changed: set[Key] = field(default_factory=set)
+    done: asyncio.Future[ChunkResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def key_of(self, relation: Relation, row: TupleData) -> Key | None:
+        """The key of ``row`` (an image of ``relation``), or None if a key column is missing."""
+        names = [c.name for c in relation.columns]
+        key: list[bytes | None] = []
+        for name in self.key_names:
+            try:
+                i = names.index(name)
+            except ValueError:
+                return None
+            if i >= len(row.kinds) or row.kinds[i] in (KIND_NULL, KIND_UNCHANGED_TOAST):
+                return None
+            key.append(row.values[i])
+        return tuple(key)
+
+
+def marker(txn: Transaction) -> Message | None:
+    """The watermark or signal message ``txn`` consists of, if it is one."""
+    if txn.size != 1:
+        return None
+    record = next(txn.changes(), None)
+    if record is None:
+        return None
+    change = record.change
+    if type(change) is Message and change.prefix in PREFIXES:
+        return change
+    return None
+
+
+class Watermarks:
+    """See the module docstring. ``on_signal`` receives the tables a signal asks for and the
+    signal's end LSN (a signal is sent again after a reconnect or restart until confirmed)."""
+
+    def __init__(self, on_signal: Callable[[list[str], int], None]) -> None:
+        self._chunk: Chunk | None = None
+        self._on_signal = on_signal
+
+    @property
+    def window_open(self) -> bool:
+        return self._chunk is not None and self._chunk.opened
+
+    def arm(self, chunk: Chunk) -> None:
+        """``chunk``'s low watermark is about to be written."""
+        self._chunk = chunk
+
+    def disarm(self, chunk: Chunk) -> None:
+        if self._chunk is chunk:
+            self._chunk = None
+
+    def observe(self, txn: Transaction, mark: Message | None) -> Transaction | None:
+        """The transaction to queue in place of ``txn`` (``txn`` itself, a snapshot chunk at
+        a high watermark) or None to drop it (a watermark or signal). ``mark``: :func:`marker`
+        of ``txn``, computed by the caller when the stream carried such a message."""
+        chunk = self._chunk
+        if mark is not None:
+            self._on_mark(mark, txn.end_lsn)
+            return self._at_watermark(txn, mark) if chunk is not None else None
+        if chunk is not None and chunk.opened:
+            self._note(chunk, txn)
+        return txn
+
+    def _on_mark(self, mark: Message, end_lsn: int) -> None:
+        if mark.prefix == SIGNAL:
+            payload = _payload(mark)
+            tables = payload.get("tables") if payload else None
+            if isinstance(tables, list) and all(isinstance(t, str) for t in tables):
+                self._on_signal(tables, end_lsn)
+
+    def _at_watermark(self, txn: Transaction, mark: Message) -> Transaction | None:
+        chunk = self._chunk
+        assert chunk is not None
+        payload = _payload(mark)
+        if mark.prefix != WATERMARK or payload is None or payload.get("id") != chunk.id:
+            return None  # a signal, or a watermark of an earlier run or chunk
+        if payload.get("mark") == "low":
+            chunk.opened = True
+            return None
+        if not chunk.opened or chunk.rows is None:
+            return None
+        self._chunk = None
+        if chunk.dirty:
+            chunk.done.set_result(ChunkResult(retry=True))
+            return None
+        rel = chunk.relation
+        kept = [row for row in chunk.rows if chunk.key_of(rel, row) not in chunk.changed]
+        dropped = len(chunk.rows) - len(kept)
+        if not kept:
+            chunk.done.set_result(ChunkResult(retry=False, dropped=dropped))
+            return None
+        commit_lsn = txn.commit_lsn
+        records = [ChangeRecord(commit_lsn, Insert(None, rel.oid, row), (rel,)) for row in kept]
+        chunk.done.set_result(
+            ChunkResult(retry=False, end_lsn=txn.end_lsn, emitted=len(kept), dropped=dropped)
+        )
+        return Transaction(
+            kind="snapshot",
+            xid=0,
+            commit_lsn=commit_lsn,
+            end_lsn=txn.end_lsn,
+            commit_time=txn.commit_time,
+            size=len(kept),
+            mem_bytes=sum(64 + sum(len(v or b"") for v in row.values) for row in kept),
+            _records=records,
+        )
+
+    def _note(self, chunk: Chunk, txn: Transaction) -> None:
+        """Note the keys of ``chunk``'s table that ``txn`` changes."""
+        oid = chunk.relation.oid
+        for record in txn.changes():
+            change = record.change
+            kind = type(change)
+            if kind is Truncate:
+                if oid in change.relation_oids:  # type: ignore[union-attr]
+                    chunk.dirty = True
+                continue
+            if kind is Message or record.relations[0].oid != oid:
+                continue
+            rel = record.relations[0]
+            images: list[TupleData] = []
+            if kind is Insert or kind is Update:
+                images.append(change.new)  # type: ignore[union-attr]
+            if kind is Delete or (kind is Update and change.old is not None):  # type: ignore[union-attr]
+                images.append(change.old)  # type: ignore[union-attr,arg-type]
+            for image in images:
+                key = chunk.key_of(rel, image)
+                if key is None:
+                    chunk.dirty = True
+                else:
+                    chunk.changed.add(key)
+
+
+def _payload(mark: Message) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(mark.content)
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None

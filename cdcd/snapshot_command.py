@@ -1,0 +1,90 @@
+"""``cdcd snapshot --table schema.table ...`` and ``cdcd snapshot status``.
+
+The request is a signal in the replication stream (README "Incremental snapshots"): a
+transactional logical message with the prefix ``cdcd-signal`` naming the tables. The running
+daemon sees it in commit order with the changes, records the request in ``snapshot.state_dir``
+at once, and snapshots the tables incrementally; a daemon that is not running sees it when it
+next starts (the slot keeps it until confirmed). ``status`` reads what the daemon recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TextIO
+
+import asyncpg
+
+from cdcd.config import Config
+from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
+from cdcd.pipeline.incremental import IncrementalState, primary_key
+from cdcd.pipeline.watermarks import SIGNAL
+from cdcd.snapshot import published_tables
+from cdcd.source import conn_params, open_sql
+
+
+async def request_async(config: Config, tables: list[str], out: TextIO = sys.stdout) -> int:
+    """Check every table (published, with a primary key), then write the signal."""
+    names = [t if "." in t else f"public.{t}" for t in tables]
+    conn = await open_sql(conn_params(config), config.source.connect_timeout)
+    try:
+        published = {
+            f"{t.relation.namespace}.{t.relation.name}": t
+            for t in await published_tables(conn, config.source.publication)
+        }
+        for name in names:
+            table = published.get(name)
+            if table is None:
+                raise DefiniteSourceError(
+                    f"--table {name}: not in publication {config.source.publication!r} "
+                    "(add it: ALTER PUBLICATION ... ADD TABLE)"
+                )
+            if not await primary_key(conn, table.relation.oid):
+                raise DefiniteSourceError(
+                    f"--table {name}: has no primary key; incremental snapshots read tables in "
+                    "key order (add a primary key)"
+                )
+        try:
+            lsn = await conn.fetchval(
+                "SELECT pg_logical_emit_message(true, $1, $2)::text",
+                SIGNAL,
+                json.dumps({"tables": names}),
+            )
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise DefiniteSourceError(
+                f"{exc}: the request is a logical message; GRANT EXECUTE ON FUNCTION "
+                "pg_logical_emit_message(boolean, text, text) TO the role (17+: (boolean, text, "
+                "text, boolean); cdcd check shows the signature)"
+            ) from exc
+    finally:
+        await conn.close()
+    out.write(f"requested a snapshot of {', '.join(names)} (signal at {lsn})\n")
+    return EXIT_OK
+
+
+def status(config: Config, out: TextIO = sys.stdout) -> int:
+    """Per table: status, rows durable in every sink / estimated rows, last key."""
+    state = IncrementalState(config.snapshot.state_dir, config.source.slot)
+    if not state.tables:
+        out.write(f"no incremental snapshot recorded in {state.path}\n")
+        return EXIT_OK
+    width = max(len(name) for name in state.tables)
+    out.write(f"{'table':<{width}}  {'status':<8}  {'rows':>10}  {'estimate':>10}  done\n")
+    for name, t in state.tables.items():
+        estimate = t.get("estimate") or 0
+        rows = int(t.get("rows") or 0)
+        if t["status"] == "done":
+            pct = "100%"
+        else:
+            pct = f"{min(99.9, 100 * rows / estimate):.1f}%" if estimate else "-"
+        out.write(f"{name:<{width}}  {t['status']:<8}  {rows:>10}  {estimate:>10}  {pct}\n")
+    return EXIT_OK
+
+
+def request(config: Config, tables: list[str]) -> int:
+    from cdcd.runtime import run_async
+
+    if not tables:
+        print("cdcd snapshot: name at least one --table schema.table", file=sys.stderr)
+        return EXIT_USAGE
+    return int(run_async(request_async(config, tables)))

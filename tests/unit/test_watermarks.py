@@ -1,0 +1,114 @@
+"""The reader's side of incremental snapshots (cdcd.pipeline.watermarks): which rows of a
+chunk survive its window, what replaces the high watermark, what is dropped."""
+
+from __future__ import annotations
+
+import json
+
+from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.decoder.events import (
+    KIND_NULL,
+    KIND_TEXT,
+    Column,
+    Delete,
+    Insert,
+    Message,
+    Relation,
+    Truncate,
+    TupleData,
+    Update,
+)
+from cdcd.pipeline.watermarks import SIGNAL, WATERMARK, Chunk, Watermarks, marker
+
+REL = Relation(None, 42, "public", "t", "d", (Column(0, "v", 25, -1), Column(1, "id", 23, -1)))
+OTHER = Relation(None, 43, "public", "u", "d", (Column(1, "id", 23, -1),))
+
+
+def row(key: int, value: str = "x") -> TupleData:
+    return TupleData(bytes((KIND_TEXT, KIND_TEXT)), (value.encode(), str(key).encode()))
+
+
+def key_image(key: int) -> TupleData:
+    return TupleData(bytes((KIND_NULL, KIND_TEXT)), (None, str(key).encode()))
+
+
+def txn(lsn: int, *records: ChangeRecord) -> Transaction:
+    return Transaction(
+        kind="regular",
+        xid=lsn,
+        commit_lsn=lsn,
+        end_lsn=lsn + 8,
+        commit_time=0,
+        size=len(records),
+        _records=list(records),
+    )
+
+
+def mark(lsn: int, prefix: str, payload: dict[str, object]) -> Transaction:
+    message = Message(lsn, True, lsn, prefix, json.dumps(payload).encode())
+    return txn(lsn, ChangeRecord(lsn, message, ()))
+
+
+def change(lsn: int, c: object, rel: Relation = REL) -> Transaction:
+    return txn(lsn, ChangeRecord(lsn, c, (rel,)))  # type: ignore[arg-type]
+
+
+def feed(marks: Watermarks, t: Transaction) -> Transaction | None:
+    return marks.observe(t, marker(t))
+
+
+async def test_rows_changed_in_the_window_are_dropped() -> None:
+    marks = Watermarks(lambda tables, lsn: None)
+    chunk = Chunk("c1", REL, ("id",))
+    marks.arm(chunk)
+    before = change(50, Update(None, 42, None, None, row(1, "before")))
+    assert feed(marks, before) is before  # before the low watermark: not noted
+    assert feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"})) is None
+    assert marks.window_open
+    chunk.rows = [row(k) for k in range(1, 8)]
+    inside = [
+        change(110, Update(None, 42, None, None, row(2, "new"))),
+        change(120, Delete(None, 42, "K", key_image(3))),
+        change(130, Update(None, 42, "K", key_image(4), row(40))),  # key change 4 -> 40
+        change(140, Insert(None, 42, row(5, "again"))),
+        change(150, Delete(None, 43, "K", TupleData(bytes((KIND_TEXT,)), (b"6",))), OTHER),
+    ]
+    for t in inside:
+        assert feed(marks, t) is t  # changes always go on to the sinks
+    out = feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"}))
+    assert out is not None and out.kind == "snapshot"
+    assert (out.commit_lsn, out.end_lsn) == (200, 208)  # the high watermark's position
+    kept = [int(r.change.new.values[1]) for r in out.changes()]  # type: ignore[union-attr]
+    assert kept == [1, 6, 7]  # 2..5 changed in the window; 6 was another table's
+    assert chunk.done.result().emitted == 3 and chunk.done.result().dropped == 4
+    assert not marks.window_open
+    after = change(210, Delete(None, 42, "K", key_image(1)))
+    assert feed(marks, after) is after
+
+
+async def test_a_truncate_in_the_window_makes_the_chunk_read_again() -> None:
+    marks = Watermarks(lambda tables, lsn: None)
+    chunk = Chunk("c1", REL, ("id",))
+    marks.arm(chunk)
+    feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"}))
+    chunk.rows = [row(1)]
+    feed(marks, change(110, Truncate(None, 0, (42,))))
+    assert feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"})) is None
+    assert chunk.done.result().retry
+
+
+async def test_stale_watermarks_and_signals_never_reach_the_sinks() -> None:
+    asked: list[tuple[list[str], int]] = []
+    marks = Watermarks(lambda tables, lsn: asked.append((tables, lsn)))
+    assert feed(marks, mark(100, WATERMARK, {"id": "old", "mark": "high"})) is None
+    chunk = Chunk("c2", REL, ("id",))
+    marks.arm(chunk)
+    assert feed(marks, mark(110, WATERMARK, {"id": "old", "mark": "low"})) is None
+    assert not marks.window_open  # another chunk's watermark opens nothing
+    assert feed(marks, mark(120, SIGNAL, {"tables": ["public.t"]})) is None
+    assert asked == [(["public.t"], 128)]
+    assert feed(marks, mark(130, SIGNAL, {"tables": "not a list"})) is None
+    assert len(asked) == 1
+    # a user's own message is published as usual
+    own = mark(140, "app", {"x": 1})
+    assert marker(own) is None and feed(marks, own) is own
