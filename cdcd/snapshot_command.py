@@ -17,14 +17,14 @@ import asyncpg
 
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
-from cdcd.pipeline.incremental import IncrementalState, primary_key
+from cdcd.pipeline.incremental import NO_KEY, IncrementalState, primary_key
 from cdcd.pipeline.watermarks import SIGNAL
 from cdcd.snapshot import published_tables
 from cdcd.source import conn_params, open_sql
 
 
 async def request_async(config: Config, tables: list[str], out: TextIO = sys.stdout) -> int:
-    """Check every table (published, with a primary key), then write the signal."""
+    """Check every table (published, with a key), then write the signal."""
     names = [t if "." in t else f"public.{t}" for t in tables]
     conn = await open_sql(conn_params(config), config.source.connect_timeout)
     try:
@@ -40,10 +40,7 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
                     "(add it: ALTER PUBLICATION ... ADD TABLE)"
                 )
             if not await primary_key(conn, table.relation.oid):
-                raise DefiniteSourceError(
-                    f"--table {name}: has no primary key; incremental snapshots read tables in "
-                    "key order (add a primary key)"
-                )
+                raise DefiniteSourceError(f"--table {name}: not snapshotted: {NO_KEY}")
         try:
             lsn = await conn.fetchval(
                 "SELECT pg_logical_emit_message(true, $1, $2)::text",

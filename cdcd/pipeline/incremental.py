@@ -42,12 +42,16 @@ from cdcd.wire.frontend import quote_ident
 
 log = structlog.get_logger("cdcd.snapshot")
 
+# the primary key, else the replica identity index (unique, not partial, columns NOT NULL)
 _KEY_SQL = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod)
-FROM pg_index i
+FROM (
+    SELECT indrelid, indkey FROM pg_index
+    WHERE indrelid = $1 AND (indisprimary OR indisreplident)
+    ORDER BY indisprimary DESC LIMIT 1
+) i
 CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = $1 AND i.indisprimary
 ORDER BY k.ord
 """
 
@@ -287,8 +291,7 @@ class IncrementalSnapshot:
             if self.config.source.binary
             else None
             if key_cols
-            else "it has no primary key: incremental snapshots read tables in key order (add "
-            "a primary key, or use snapshot.mode: initial)"
+            else NO_KEY
         )
         if problem is not None:
             log.error(f"table not snapshotted: {problem}", table=name)
@@ -405,8 +408,18 @@ class IncrementalSnapshot:
         self.state.save()
 
 
+#: why a table without a usable key is not snapshotted incrementally, and what to do
+NO_KEY = (
+    "it has neither a primary key nor a replica identity index, and incremental snapshots "
+    "read tables in key order: add a primary key (or ALTER TABLE ... REPLICA IDENTITY USING "
+    "INDEX on a unique index of NOT NULL columns), or snapshot it with snapshot.mode: initial "
+    "(the exported snapshot reads tables without a key)"
+)
+
+
 async def primary_key(conn: Any, oid: int) -> list[Any]:
-    """The primary key's columns of table ``oid`` in key order: ``(name, type)`` records."""
+    """The columns of table ``oid``'s key in key order, ``(name, type)`` records: its primary
+    key, else its replica identity index; none when it has neither."""
     return list(await conn.fetch(_KEY_SQL, oid))
 
 

@@ -1,0 +1,130 @@
+"""How fast can a snapshot read rows? ``COPY (SELECT ...) TO STDOUT`` of block ranges against
+keyset ``SELECT`` chunks and one cursor over the whole table, same table, same run.
+
+Run: ``python bench/snapshot_read_micro.py [--rows N] [--pg 18] [--chunk-rows N]``. Each reader
+turns the rows into the text-kind ``TupleData`` the encoder takes (what the initial snapshot
+does), nothing more; the table is the ten-column table of workload W1/S1 (bench/run.py).
+Prints rows/s and CPU microseconds per row of this process for each; no assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.run import W1_DDL, W1_ROWS
+from cdcd.snapshot import (
+    TableChunk,
+    copy_chunk,
+    published_tables,
+    read_rows,
+    table_chunks,
+)
+from tests.pgharness import PgCluster, create_database, get_installation
+
+
+async def _copy(conn: Any, table: Any, chunk_rows: int) -> int:
+    count = 0
+
+    async def take(rows: list[Any]) -> None:
+        nonlocal count
+        count += len(rows)
+
+    for chunk in await table_chunks(conn, table, chunk_rows):
+        await copy_chunk(conn, chunk, take)
+    return count
+
+
+async def _copy_whole(conn: Any, table: Any, _chunk_rows: int) -> int:
+    count = 0
+
+    async def take(rows: list[Any]) -> None:
+        nonlocal count
+        count += len(rows)
+
+    await copy_chunk(conn, TableChunk(table, None, None), take)
+    return count
+
+
+async def _cursor(conn: Any, table: Any, _chunk_rows: int) -> int:
+    count = 0
+    async with conn.transaction():
+        async for rows in read_rows(conn, table):
+            count += len(rows)
+    return count
+
+
+async def _keyset(conn: Any, table: Any, chunk_rows: int) -> int:
+    from cdcd.pipeline.incremental import _chunk_sql, _row
+
+    keys = [("id", "bigint")]
+    last: list[str] | None = None
+    count = 0
+    while True:
+        records = await conn.fetch(_chunk_sql(table, keys, last), chunk_rows, *(last or ()))
+        rows = [_row(r) for r in records]
+        count += len(rows)
+        if len(records) < chunk_rows:
+            return count
+        last = [records[-1][0]]
+
+
+READERS = {
+    "copy_ctid_chunks": _copy,
+    "copy_whole_table": _copy_whole,
+    "keyset_select": _keyset,
+    "cursor_select": _cursor,
+}
+
+
+async def measure(dsn: str, chunk_rows: int) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        (table,) = await published_tables(conn, "bench_pub")
+        for name, reader in READERS.items():
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            rows = await reader(conn, table, chunk_rows)
+            seconds = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
+            print(
+                f"{name:<18} rows={rows} {seconds:6.2f}s {rows / seconds:>10,.0f} rows/s "
+                f"cpu {cpu / rows * 1e6:5.2f} us/row",
+                flush=True,
+            )
+    finally:
+        await conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--pg", type=int, default=18)
+    parser.add_argument("--chunk-rows", type=int, default=100_000)
+    args = parser.parse_args()
+    install = get_installation(args.pg)
+    if install is None:
+        raise SystemExit(f"PostgreSQL {args.pg} is not installed")
+    cluster = PgCluster(install)
+    cluster.start()
+    try:
+        db = create_database(cluster, "snapread")
+        db.execute(W1_DDL.replace("w1", "s1"))
+        db.execute(f"INSERT INTO s1 {W1_ROWS} FROM generate_series(1, {args.rows}) g")
+        db.execute("ANALYZE s1; CREATE PUBLICATION bench_pub FOR TABLE s1")
+        print(f"PostgreSQL {cluster.version}, {args.rows} rows, chunks of {args.chunk_rows}")
+        asyncio.run(measure(db.dsn, args.chunk_rows))
+    finally:
+        cluster.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
