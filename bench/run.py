@@ -518,7 +518,7 @@ def run_snapshot(setup: Setup, slot: str, contender: str) -> Result:
         m = run_measured(cmd, env=cdcd_env(work, False, setup.checkout))
         _check(m, contender)
         stats = orjson.loads((work / "stats.json").read_bytes())
-        return Result(contender, stats["events"], m)
+        return Result(contender, stats["events_by_table"]["public.s1"], m)
     finally:
         setup.db.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "

@@ -1,7 +1,9 @@
-"""How fast can a snapshot read rows? ``COPY (SELECT ...) TO STDOUT`` of block ranges against
-keyset ``SELECT`` chunks and one cursor over the whole table, same table, same run.
+"""How fast can a snapshot read rows? ``COPY (SELECT ...) TO STDOUT`` of block ranges (the
+initial snapshot) and of key-ordered chunks (incremental snapshots) against the same chunks
+read with ``SELECT``, and one cursor over the whole table: same table, same run.
 
-Run: ``python bench/snapshot_read_micro.py [--rows N] [--pg 18] [--chunk-rows N]``. Each reader
+Run: ``python bench/snapshot_read_micro.py [--rows N] [--pg 18] [--chunk-rows N]
+[--key-chunk-rows N]``. Each reader
 turns the rows into the text-kind ``TupleData`` the encoder takes (what the initial snapshot
 does), nothing more; the table is the ten-column table of workload W1/S1 (bench/run.py).
 Prints rows/s and CPU microseconds per row of this process for each; no assertions.
@@ -21,6 +23,7 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.run import W1_DDL, W1_ROWS
+from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
 from cdcd.snapshot import (
     TableChunk,
     copy_chunk,
@@ -62,36 +65,55 @@ async def _cursor(conn: Any, table: Any, _chunk_rows: int) -> int:
     return count
 
 
-async def _keyset(conn: Any, table: Any, chunk_rows: int) -> int:
-    from cdcd.pipeline.incremental import _chunk_sql, _row
+async def _keyset(conn: Any, table: Any, chunk_rows: int, copy: bool = False) -> int:
+    """Key-ordered chunks (incremental snapshots): SELECT, or COPY of the same SELECT."""
+    from cdcd.pipeline.incremental import _chunk_sql, _read_chunk
 
     keys = [("id", "bigint")]
     last: list[str] | None = None
     count = 0
     while True:
-        records = await conn.fetch(_chunk_sql(table, keys, last), chunk_rows, *(last or ()))
-        rows = [_row(r) for r in records]
+        if copy:
+            rows = await _read_chunk(conn, table, keys, last, chunk_rows)
+            key = rows[-1].values[0].decode() if rows else None  # type: ignore[union-attr]
+        else:
+            records = await conn.fetch(_chunk_sql(table, keys, last, chunk_rows))
+            rows = [
+                TupleData(
+                    bytes(KIND_NULL if v is None else KIND_TEXT for v in r),
+                    tuple(None if v is None else v.encode() for v in r),
+                )
+                for r in records
+            ]
+            key = records[-1][0] if records else None
         count += len(rows)
-        if len(records) < chunk_rows:
+        if len(rows) < chunk_rows:
             return count
-        last = [records[-1][0]]
+        last = [key]  # type: ignore[list-item]
+
+
+async def _keyset_copy(conn: Any, table: Any, chunk_rows: int) -> int:
+    return await _keyset(conn, table, chunk_rows, copy=True)
 
 
 READERS = {
     "copy_ctid_chunks": _copy,
     "copy_whole_table": _copy_whole,
     "keyset_select": _keyset,
+    "keyset_copy": _keyset_copy,
     "cursor_select": _cursor,
 }
 
 
-async def measure(dsn: str, chunk_rows: int) -> None:
+async def measure(dsn: str, chunk_rows: int, key_chunk_rows: int) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         (table,) = await published_tables(conn, "bench_pub")
+        await conn.execute("SELECT count(*) FROM s1")  # warm: no reader pays for a cold cache
         for name, reader in READERS.items():
             cpu0, t0 = time.process_time(), time.perf_counter()
-            rows = await reader(conn, table, chunk_rows)
+            size = key_chunk_rows if name.startswith("keyset") else chunk_rows
+            rows = await reader(conn, table, size)
             seconds = time.perf_counter() - t0
             cpu = time.process_time() - cpu0
             print(
@@ -107,7 +129,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--pg", type=int, default=18)
-    parser.add_argument("--chunk-rows", type=int, default=100_000)
+    parser.add_argument("--chunk-rows", type=int, default=100_000, help="initial: block ranges")
+    parser.add_argument("--key-chunk-rows", type=int, default=2048, help="incremental: keyset")
     args = parser.parse_args()
     install = get_installation(args.pg)
     if install is None:
@@ -119,8 +142,11 @@ def main() -> int:
         db.execute(W1_DDL.replace("w1", "s1"))
         db.execute(f"INSERT INTO s1 {W1_ROWS} FROM generate_series(1, {args.rows}) g")
         db.execute("ANALYZE s1; CREATE PUBLICATION bench_pub FOR TABLE s1")
-        print(f"PostgreSQL {cluster.version}, {args.rows} rows, chunks of {args.chunk_rows}")
-        asyncio.run(measure(db.dsn, args.chunk_rows))
+        print(
+            f"PostgreSQL {cluster.version}, {args.rows} rows, block-range chunks of "
+            f"{args.chunk_rows} rows, keyset chunks of {args.key_chunk_rows}"
+        )
+        asyncio.run(measure(db.dsn, args.chunk_rows, args.key_chunk_rows))
     finally:
         cluster.destroy()
     return 0

@@ -262,19 +262,30 @@ async def copy_chunk(
     on_rows: Callable[[list[TupleData]], Awaitable[None]],
     batch_size: int = 5000,
 ) -> int:
-    """Read ``chunk`` with ``COPY (SELECT ...) TO STDOUT`` (inside the caller's transaction),
-    handing its rows to ``on_rows`` in batches of at most about ``batch_size``; the row count.
-    ``on_rows`` may wait: the server's output waits with it."""
+    """Read ``chunk`` (inside the caller's transaction) with :func:`copy_query`."""
     sql = chunk_query(chunk)
     if sql is None:
         return 0
-    width = len(chunk.table.relation.columns)
+    return await copy_query(conn, sql, len(chunk.table.relation.columns), on_rows, batch_size)
+
+
+async def copy_query(
+    conn: Any,
+    sql: str,
+    width: int,
+    on_rows: Callable[[list[TupleData]], Awaitable[None]],
+    batch_size: int = 5000,
+) -> int:
+    """Read the rows of ``sql`` (its ``width`` columns as text) with
+    ``COPY (sql) TO STDOUT``, handing them to ``on_rows`` in batches of about ``batch_size``;
+    the row count. ``on_rows`` may wait: the server's output waits with it."""
     rest = b""
     pending: list[TupleData] = []
     count = 0
 
-    async def take(data: bytes) -> None:
+    async def take(data: bytes | bytearray) -> None:
         nonlocal rest, pending, count
+        data = bytes(data)  # asyncpg hands a bytearray; values must be bytes
         lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
         rest = lines.pop()
         if lines:
@@ -286,7 +297,7 @@ async def copy_chunk(
 
     await conn.copy_from_query(sql, output=take)
     if rest:
-        raise ValueError(f"COPY output of {chunk.table.relation.name} ends inside a row")
+        raise ValueError(f"COPY output ends inside a row: {sql[:200]}")
     if pending:
         count += len(pending)
         await on_rows(pending)

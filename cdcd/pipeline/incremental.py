@@ -30,15 +30,15 @@ import asyncpg
 import structlog
 
 from cdcd.config import Config
-from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
+from cdcd.decoder.events import TupleData
 from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
-from cdcd.snapshot import SnapshotTable, published_tables
+from cdcd.snapshot import SnapshotTable, copy_query, published_tables
 from cdcd.source import open_sql
 from cdcd.stats import Stats, TableSnapshot
-from cdcd.wire.frontend import quote_ident
+from cdcd.wire.frontend import quote_ident, quote_literal
 
 log = structlog.get_logger("cdcd.snapshot")
 
@@ -337,16 +337,14 @@ class IncrementalSnapshot:
             try:
                 await _watermark(conn, chunk.id, "low")
                 try:
-                    records = await conn.fetch(
-                        _chunk_sql(table, keys, last_key),
-                        self.config.snapshot.chunk_rows,
-                        *(last_key or ()),
+                    rows = await _read_chunk(
+                        conn, table, keys, last_key, self.config.snapshot.chunk_rows
                     )
                 except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
                     log.info("table changed during its snapshot", table=name, error=str(exc))
                     described = 0.0  # describe it again before the next chunk
                     continue
-                chunk.rows = [_row(r) for r in records]
+                chunk.rows = rows
                 await _watermark(conn, chunk.id, "high")
                 result = await chunk.done
             finally:
@@ -356,8 +354,8 @@ class IncrementalSnapshot:
                     "chunk changed in a way its keys cannot show; reading it again", table=name
                 )
                 continue
-            finished = len(records) < self.config.snapshot.chunk_rows
-            if records:
+            finished = len(rows) < self.config.snapshot.chunk_rows
+            if rows:
                 last_key = [
                     None if v is None else v.decode() for v in _key_values(chunk, chunk.rows[-1])
                 ]
@@ -423,8 +421,11 @@ async def primary_key(conn: Any, oid: int) -> list[Any]:
     return list(await conn.fetch(_KEY_SQL, oid))
 
 
-def _chunk_sql(table: SnapshotTable, keys: list[tuple[str, str]], after: Any) -> str:
-    """Keyset pagination: the next ``$1`` rows after the key ``$2..`` in key order."""
+def _chunk_sql(
+    table: SnapshotTable, keys: list[tuple[str, str]], after: list[str] | None, limit: int
+) -> str:
+    """Keyset pagination: the next ``limit`` rows after the key ``after`` in key order (as
+    literals: COPY takes no parameters)."""
     rel = table.relation
     # aliased: ORDER BY a name of the select list would sort by its text
     select = ", ".join(f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns))
@@ -432,18 +433,33 @@ def _chunk_sql(table: SnapshotTable, keys: list[tuple[str, str]], after: Any) ->
     sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
     where = []
     if after is not None:
-        params = ", ".join(f"${i + 2}::text::{t}" for i, (_, t) in enumerate(keys))
-        where.append(f"({cols}) > ({params})")
+        values = ", ".join(
+            f"{quote_literal(v)}::{t}" for v, (_, t) in zip(after, keys, strict=True)
+        )
+        where.append(f"({cols}) > ({values})")
     if table.row_filter:
         where.append(f"({table.row_filter})")
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return sql + f" ORDER BY {cols} LIMIT $1"
+    return sql + f" ORDER BY {cols} LIMIT {int(limit)}"
 
 
-def _row(record: Any) -> TupleData:
-    values = tuple(None if v is None else v.encode() for v in record)
-    return TupleData(bytes(KIND_NULL if v is None else KIND_TEXT for v in values), values)
+async def _read_chunk(
+    conn: Any,
+    table: SnapshotTable,
+    keys: list[tuple[str, str]],
+    after: list[str] | None,
+    limit: int,
+) -> list[TupleData]:
+    """The chunk's rows, read with COPY (README "Initial snapshot": faster than a SELECT)."""
+    rows: list[TupleData] = []
+
+    async def take(batch: list[TupleData]) -> None:
+        rows.extend(batch)
+
+    sql = _chunk_sql(table, keys, after, limit)
+    await copy_query(conn, sql, len(table.relation.columns), take, limit)
+    return rows
 
 
 def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:

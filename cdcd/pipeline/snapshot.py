@@ -9,9 +9,10 @@ is acknowledged at the point.
 every worker sees the same state. The tables are split into block-range chunks; workers take
 the next chunk in turn, and one writer hands the chunks to the sinks in chunk order (table by
 table), so ``seq`` counts the rows densely in that order, as with one reader, whatever order the
-reads finish in. Rows read ahead of the writer wait in memory within half of
-``buffer.memory_limit`` (the sinks have the other half) plus one batch; a batch of the chunk the
-writer is at always gets through, so read-ahead can never block it.
+reads finish in. Rows read ahead of the writer wait in memory: two batches per worker at most,
+within half of ``buffer.memory_limit`` (the sinks have the other half) plus one batch; a batch
+of the chunk the writer is at always gets through, so read-ahead can never block it. One worker
+reads each table whole.
 
 It runs before streaming starts, so it writes to the sinks directly, one after the other,
 retrying :class:`~cdcd.errors.TransientSinkError` as the writer does. The progress tracker counts
@@ -52,16 +53,18 @@ def rows_bytes(rows: list[TupleData]) -> int:
 
 class _Chunks:
     """The chunks' rows between the workers and the writer. ``position``: the chunk the writer
-    is at. A worker's rows wait for room in ``limit`` bytes, except one batch of the chunk the
-    writer is at: workers take chunks in order, so that chunk is being read (or done), and the
-    writer can always go on; memory stays within ``limit`` plus one batch."""
+    is at. A worker's rows wait for room (``limit`` bytes, ``most`` batches), except one batch of
+    the chunk the writer is at: workers take chunks in order, so that chunk is being read (or
+    done), and the writer can always go on; memory stays within ``limit`` plus one batch."""
 
-    def __init__(self, count: int, limit: int) -> None:
+    def __init__(self, count: int, limit: int, most: int) -> None:
         self.batches: list[deque[list[TupleData]]] = [deque() for _ in range(count)]
         self.done = [False] * count
         self.position = 0
         self.held = 0
+        self.queued = 0
         self.limit = limit
+        self.most = most
         self.changed = asyncio.Condition()
 
     async def put(self, index: int, rows: list[TupleData]) -> None:
@@ -69,11 +72,12 @@ class _Chunks:
         async with self.changed:
             await self.changed.wait_for(
                 lambda: (
-                    self.held + size <= self.limit
+                    (self.held + size <= self.limit and self.queued < self.most)
                     or (index == self.position and not self.batches[index])
                 )
             )
             self.held += size
+            self.queued += 1
             self.batches[index].append(rows)
             self.changed.notify_all()
 
@@ -93,6 +97,7 @@ class _Chunks:
                 return None
             rows = self.batches[index].popleft()
             self.held -= rows_bytes(rows)
+            self.queued -= 1
             self.changed.notify_all()
             return rows
 
@@ -138,8 +143,12 @@ async def initial_snapshot(
             conns.append(await _open_at_snapshot(config, source, plan.name))
         tables = await published_tables(conns[0], config.source.publication)
         chunks: list[TableChunk] = []
-        for table in tables:
-            chunks += await table_chunks(conns[0], table, cfg.initial_chunk_rows)
+        for table in tables:  # one worker reads tables whole: ranges would only cost
+            chunks += (
+                await table_chunks(conns[0], table, cfg.initial_chunk_rows)
+                if cfg.workers > 1
+                else [TableChunk(table, None, None)]
+            )
         commit_time = unix_to_pg_us(int(time.time() * 1_000_000))
         txn = Transaction(
             kind="snapshot",
@@ -149,7 +158,9 @@ async def initial_snapshot(
             commit_time=commit_time,
             size=0,
         )
-        queue = _Chunks(len(chunks), config.buffer.memory_limit // 2)
+        # Read-ahead beyond a batch or two per worker gains nothing (the encoding is the
+        # bottleneck) and costs: many live rows make every garbage collection longer.
+        queue = _Chunks(len(chunks), config.buffer.memory_limit // 2, 2 * cfg.workers)
         next_chunk = 0
 
         async def read(conn: Any) -> None:

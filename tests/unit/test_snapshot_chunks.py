@@ -54,7 +54,7 @@ def _rows(n: int) -> list[TupleData]:
 
 async def test_read_ahead_stays_within_the_limit_and_never_blocks_the_writer() -> None:
     batch = rows_bytes(_rows(10))
-    chunks = _Chunks(12, limit=3 * batch)
+    chunks = _Chunks(12, limit=3 * batch, most=100)
     rng = random.Random(1)
     peak = 0
     written: list[int] = []
@@ -82,3 +82,18 @@ async def test_read_ahead_stays_within_the_limit_and_never_blocks_the_writer() -
     )
     assert written == sorted(written) and len(written) == 60
     assert 3 * batch <= peak <= 4 * batch  # read ahead to the limit, plus the writer's batch
+
+
+async def test_read_ahead_stays_within_a_number_of_batches() -> None:
+    chunks = _Chunks(3, limit=10**9, most=2)
+    await chunks.put(1, _rows(1))
+    await chunks.put(2, _rows(1))
+    third = asyncio.ensure_future(chunks.put(2, _rows(1)))
+    await asyncio.sleep(0.01)
+    assert not third.done()  # two batches wait already
+    await chunks.put(0, _rows(1))  # the writer's chunk: one batch always gets through
+    assert await chunks.take(0) is not None
+    await chunks.finish(0)
+    assert await chunks.take(0) is None
+    assert await chunks.take(1) is not None  # room again
+    await asyncio.wait_for(third, 1)
