@@ -1,17 +1,21 @@
 """Incremental snapshots: tables read in key-ordered chunks while streaming goes on (DBLog).
 
-For each requested table with a primary key, chunk after chunk (README "Incremental
-snapshots")::
+For each requested table with a primary key (or a replica identity index), chunk after chunk
+(README "Incremental snapshots")::
 
-    arm the window ▶ low watermark ▶ SELECT ... WHERE (key) > (last) ORDER BY key LIMIT n
-        ▶ high watermark ▶ wait until the reader has reached it (cdcd.pipeline.watermarks)
+    arm the window ▶ low watermark ▶ COPY (SELECT ... WHERE (key) > (last) ORDER BY key
+        LIMIT n) ▶ high watermark ▶ wait until the reader has reached it (cdcd.pipeline.watermarks)
+
+With ``snapshot.workers`` > 1 the next chunk's last key is looked up first (``OFFSET n - 1`` on
+the key's index), so that chunks ``(last, next]`` are read at once over that many connections,
+each between its own watermarks.
 
 The reader drops the rows changed inside the window and queues the rest as a ``"snapshot"``
 transaction at the high watermark's position, like any committed transaction: the progress
 tracker confirms nothing past it until every sink holds it durably. The progress of each table
-(its last chunk's key) is written to :class:`IncrementalState` only once that chunk is durable
-in every sink, so a restart (kill -9 included) resumes at the next chunk; at worst the chunks
-in flight at the crash are emitted again.
+(its last chunk's key) is written to :class:`IncrementalState` only once that chunk and every
+chunk before it are durable in every sink, so a restart (kill -9 included) resumes at the next
+chunk; at worst the chunks in flight at the crash are emitted again.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +39,7 @@ from cdcd.decoder.events import TupleData
 from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
+from cdcd.pipeline.watermarks import WATERMARK, Chunk, ChunkResult, Watermarks
 from cdcd.snapshot import SnapshotTable, copy_query, published_tables
 from cdcd.source import open_sql
 from cdcd.stats import Stats, TableSnapshot
@@ -143,7 +148,9 @@ class IncrementalState:
 
 @dataclass(slots=True)
 class _Done:
-    """A chunk queued at ``end_lsn`` (0: nothing queued), to record once durable."""
+    """A chunk queued at ``end_lsn`` (0: nothing queued; -1: not read yet), to record once
+    durable; kept in key order, so the recorded key is one below which every chunk is
+    durable."""
 
     table: str
     end_lsn: int
@@ -263,7 +270,7 @@ class IncrementalSnapshot:
         durable = self.tracker.durable_lsn()
         done = 0
         for item in self._undurable:
-            if item.end_lsn > durable:
+            if item.end_lsn < 0 or item.end_lsn > durable:  # < 0: not read yet
                 break
             done += 1
         if not done:
@@ -318,65 +325,98 @@ class IncrementalSnapshot:
         progress = self.stats.snapshots[name] = TableSnapshot(
             "running", rows_done, int(entry["estimate"] or 0)
         )
+        cfg = self.config.snapshot
         started = last_log = described = time.monotonic()
-        while self.state.tables.get(name) is entry:
-            self.record_durable()
-            # bounded: what a crash makes emit again (chunks not recorded yet) stays small
-            while len(self._undurable) >= self.config.snapshot.chunks_in_flight:
-                await asyncio.sleep(0.05)
+        current = [table]  # as last described; a chunk that finds it changed describes it again
+        lo = last_key  # the next chunk starts after this key
+        tail = False  # a chunk without an upper key is in flight: the next start comes from it
+        ended = False
+        inflight: dict[asyncio.Task[Any], tuple[_Done, Any]] = {}
+        pool = [conn] if cfg.workers == 1 else []
+        try:
+            for _ in range(len(pool), cfg.workers):  # several workers: connections of their own
+                pool.append(await open_sql(self.source.params, self.config.source.connect_timeout))
+            while self.state.tables.get(name) is entry and not (ended and not inflight):
                 self.record_durable()
-            if time.monotonic() - described >= _POLL_SECONDS:
-                described = time.monotonic()
-                current = await self._describe(conn, name)  # columns added, dropped, ...
-                if current is None:
-                    self._removed(name, entry)
-                    break
-                table = current
-            chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
-            self.watermarks.arm(chunk)
-            try:
-                await _watermark(conn, chunk.id, "low")
-                try:
-                    rows = await _read_chunk(
-                        conn, table, keys, last_key, self.config.snapshot.chunk_rows
+                # bounded: what a crash makes emit again (chunks not recorded yet) stays small
+                if not ended and not tail and pool and len(self._undurable) < cfg.chunks_in_flight:
+                    if time.monotonic() - described >= _POLL_SECONDS and not inflight:
+                        described = time.monotonic()
+                        latest = await self._describe(conn, name)  # columns added, dropped, ...
+                        if latest is None:
+                            self._removed(name, entry)
+                            break
+                        current[0] = latest
+                    # several workers: the next chunk's last key, so that it and the one
+                    # after it can be read at once; one worker reads `chunk_rows` rows
+                    hi = (
+                        await _next_bound(conn, current[0], keys, lo, cfg.chunk_rows)
+                        if cfg.workers > 1
+                        else None
                     )
-                except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
-                    log.info("table changed during its snapshot", table=name, error=str(exc))
-                    described = 0.0  # describe it again before the next chunk
+                    done = _Done(name, -1, hi, 0, False)  # end_lsn -1: not read yet
+                    self._undurable.append(done)  # in key order: resume after durable ones
+                    worker = pool.pop()
+                    task = asyncio.create_task(
+                        self._chunk(worker, name, current, key_names, keys, lo, hi)
+                    )
+                    task.add_done_callback(partial(_give_back, pool, worker))
+                    inflight[task] = (done, lo)
+                    if hi is None:
+                        tail = True
+                    else:
+                        lo = hi
                     continue
-                chunk.rows = rows
-                await _watermark(conn, chunk.id, "high")
-                result = await chunk.done
-            finally:
-                self.watermarks.disarm(chunk)
-            if result.retry:
-                log.info(
-                    "chunk changed in a way its keys cannot show; reading it again", table=name
+                if not inflight:
+                    await asyncio.sleep(0.05)  # waiting for chunks to be durable
+                    continue
+                finished_tasks, _ = await asyncio.wait(
+                    inflight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED
                 )
-                continue
-            finished = len(rows) < self.config.snapshot.chunk_rows
-            if rows:
-                last_key = [
-                    None if v is None else v.decode() for v in _key_values(chunk, chunk.rows[-1])
-                ]
-            rows_done += result.emitted
-            progress.rows = rows_done
-            progress.dropped += result.dropped
-            progress.chunks += 1
-            if time.monotonic() - last_log >= _LOG_EVERY:
-                last_log = time.monotonic()
-                _log_progress(name, progress, rows_done - int(entry["rows"]), last_log - started)
-            self._undurable.append(_Done(name, result.end_lsn, last_key, rows_done, finished))
-            if result.end_lsn:
-                log.debug(
-                    "chunk queued",
-                    table=name,
-                    at=format_lsn(result.end_lsn),
-                    rows=result.emitted,
-                    dropped=result.dropped,
-                )
-            if finished:
-                break
+                for task in finished_tasks:
+                    done, start = inflight.pop(task)
+                    read = task.result()
+                    if read is None:  # the table went away
+                        self._removed(name, entry)
+                        ended = True
+                        continue
+                    rows, result, row_key = read
+                    if done.last_key is None:  # read `chunk_rows` rows from `start`
+                        tail = False
+                        done.last_key = row_key if row_key is not None else start
+                        ended = done.finished = len(rows) < cfg.chunk_rows
+                        lo = done.last_key
+                    rows_done += result.emitted
+                    done.rows = rows_done
+                    done.end_lsn = result.end_lsn
+                    progress.rows = rows_done
+                    progress.dropped += result.dropped
+                    progress.chunks += 1
+                    if result.end_lsn:
+                        log.debug(
+                            "chunk queued",
+                            table=name,
+                            at=format_lsn(result.end_lsn),
+                            rows=result.emitted,
+                            dropped=result.dropped,
+                        )
+                if time.monotonic() - last_log >= _LOG_EVERY:
+                    last_log = time.monotonic()
+                    _log_progress(
+                        name, progress, rows_done - int(entry["rows"]), last_log - started
+                    )
+        finally:
+            for task in inflight:
+                task.cancel()
+            if inflight:
+                await asyncio.wait(inflight)
+            # chunks after one not read are read again at the next attempt: not recorded
+            unread = next((i for i, d in enumerate(self._undurable) if d.end_lsn < 0), None)
+            if unread is not None:
+                del self._undurable[unread:]
+            for worker in pool:
+                if worker is not conn:
+                    worker.terminate()  # nothing in flight on it; it may be broken
         while self._undurable:
             await asyncio.sleep(0.1)
             self.record_durable()
@@ -389,6 +429,50 @@ class IncrementalSnapshot:
             rows=rows_done,
             seconds=round(time.monotonic() - started, 3),
         )
+
+    async def _chunk(
+        self,
+        conn: Any,
+        name: str,
+        current: list[SnapshotTable],
+        key_names: tuple[str, ...],
+        keys: list[tuple[str, str]],
+        after: Any,
+        upto: Any,
+    ) -> tuple[list[TupleData], ChunkResult, list[str | None] | None] | None:
+        """Read the chunk of keys after ``after`` (up to ``upto``, else ``chunk_rows`` rows)
+        between its watermarks, until the window lets it through: its rows, what became of
+        them, the key of its last row; None if the table is gone."""
+        while True:
+            table = current[0]
+            chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
+            self.watermarks.arm(chunk)
+            try:
+                await _watermark(conn, chunk.id, "low")
+                try:
+                    rows = await _read_chunk(
+                        conn, table, keys, after, self.config.snapshot.chunk_rows, upto
+                    )
+                except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+                    log.info("table changed during its snapshot", table=name, error=str(exc))
+                    latest = await self._describe(conn, name)
+                    if latest is None:
+                        return None
+                    current[0] = latest
+                    continue
+                chunk.rows = rows
+                await _watermark(conn, chunk.id, "high")
+                result = await chunk.done
+            finally:
+                self.watermarks.disarm(chunk)
+            if result.retry:
+                log.info(
+                    "chunk changed in a way its keys cannot show; reading it again", table=name
+                )
+                continue
+            last = _key_values(chunk, rows[-1]) if rows else None
+            key = None if last is None else [None if v is None else v.decode() for v in last]
+            return rows, result, key
 
     async def _describe(self, conn: Any, name: str) -> SnapshotTable | None:
         """The table as published now; None when it is not (dropped, removed)."""
@@ -422,26 +506,50 @@ async def primary_key(conn: Any, oid: int) -> list[Any]:
 
 
 def _chunk_sql(
-    table: SnapshotTable, keys: list[tuple[str, str]], after: list[str] | None, limit: int
+    table: SnapshotTable,
+    keys: list[tuple[str, str]],
+    after: list[str] | None,
+    limit: int,
+    upto: list[str] | None = None,
+    select: str | None = None,
 ) -> str:
-    """Keyset pagination: the next ``limit`` rows after the key ``after`` in key order (as
-    literals: COPY takes no parameters)."""
+    """Keyset pagination: the rows after the key ``after``, up to the key ``upto`` or else the
+    next ``limit``, in key order (as literals: COPY takes no parameters)."""
     rel = table.relation
     # aliased: ORDER BY a name of the select list would sort by its text
-    select = ", ".join(f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns))
+    if select is None:
+        select = ", ".join(
+            f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns)
+        )
     cols = ", ".join(quote_ident(k) for k, _ in keys)
     sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
     where = []
     if after is not None:
-        values = ", ".join(
-            f"{quote_literal(v)}::{t}" for v, (_, t) in zip(after, keys, strict=True)
-        )
-        where.append(f"({cols}) > ({values})")
+        where.append(f"({cols}) > ({_key_literal(keys, after)})")
+    if upto is not None:
+        where.append(f"({cols}) <= ({_key_literal(keys, upto)})")
     if table.row_filter:
         where.append(f"({table.row_filter})")
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return sql + f" ORDER BY {cols} LIMIT {int(limit)}"
+    return sql + f" ORDER BY {cols}" + ("" if upto is not None else f" LIMIT {int(limit)}")
+
+
+def _key_literal(keys: list[tuple[str, str]], values: list[str]) -> str:
+    return ", ".join(f"{quote_literal(v)}::{t}" for v, (_, t) in zip(values, keys, strict=True))
+
+
+async def _next_bound(
+    conn: Any, table: SnapshotTable, keys: list[tuple[str, str]], after: Any, rows: int
+) -> list[str | None] | None:
+    """The key ``rows`` rows after ``after`` (the last key of the next chunk), from the key's
+    index alone; None when fewer rows follow (the next chunk is the last)."""
+    select = ", ".join(f"{quote_ident(k)}::text AS k{i}" for i, (k, _) in enumerate(keys))
+    sql = _chunk_sql(table, keys, after, 1, select=select).replace(
+        " LIMIT 1", f" OFFSET {int(rows) - 1} LIMIT 1"
+    )
+    record = await conn.fetchrow(sql)
+    return None if record is None else list(record)
 
 
 async def _read_chunk(
@@ -450,6 +558,7 @@ async def _read_chunk(
     keys: list[tuple[str, str]],
     after: list[str] | None,
     limit: int,
+    upto: list[str] | None = None,
 ) -> list[TupleData]:
     """The chunk's rows, read with COPY (README "Initial snapshot": faster than a SELECT)."""
     rows: list[TupleData] = []
@@ -457,9 +566,13 @@ async def _read_chunk(
     async def take(batch: list[TupleData]) -> None:
         rows.extend(batch)
 
-    sql = _chunk_sql(table, keys, after, limit)
+    sql = _chunk_sql(table, keys, after, limit, upto)
     await copy_query(conn, sql, len(table.relation.columns), take, limit)
     return rows
+
+
+def _give_back(pool: list[Any], conn: Any, _: Any) -> None:
+    pool.append(conn)
 
 
 def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:

@@ -13,6 +13,9 @@ transaction of kind ``"snapshot"`` that takes the high watermark's place and pos
 A message with the prefix :data:`SIGNAL` (written by ``cdcd snapshot --table``) asks for
 tables to be snapshotted. Watermarks and signals are never published to the sinks.
 
+Several chunks may be between their watermarks at once (``snapshot.workers``); each has its
+own window, and a change is noted in every open window of its table.
+
 This module holds no I/O: the reader calls :meth:`Watermarks.observe` for each committed
 transaction it is about to queue.
 """
@@ -106,31 +109,31 @@ class Watermarks:
     signal's end LSN (a signal is sent again after a reconnect or restart until confirmed)."""
 
     def __init__(self, on_signal: Callable[[list[str], int], None]) -> None:
-        self._chunk: Chunk | None = None
+        self._chunks: dict[str, Chunk] = {}
         self._on_signal = on_signal
 
     @property
     def window_open(self) -> bool:
-        return self._chunk is not None and self._chunk.opened
+        return any(chunk.opened for chunk in self._chunks.values())
 
     def arm(self, chunk: Chunk) -> None:
         """``chunk``'s low watermark is about to be written."""
-        self._chunk = chunk
+        self._chunks[chunk.id] = chunk
 
     def disarm(self, chunk: Chunk) -> None:
-        if self._chunk is chunk:
-            self._chunk = None
+        if self._chunks.get(chunk.id) is chunk:
+            del self._chunks[chunk.id]
 
     def observe(self, txn: Transaction, mark: Message | None) -> Transaction | None:
         """The transaction to queue in place of ``txn`` (``txn`` itself, a snapshot chunk at
         a high watermark) or None to drop it (a watermark or signal). ``mark``: :func:`marker`
         of ``txn``, computed by the caller when the stream carried such a message."""
-        chunk = self._chunk
         if mark is not None:
             self._on_mark(mark, txn.end_lsn)
-            return self._at_watermark(txn, mark) if chunk is not None else None
-        if chunk is not None and chunk.opened:
-            self._note(chunk, txn)
+            return self._at_watermark(txn, mark) if self._chunks else None
+        for chunk in self._chunks.values():
+            if chunk.opened:
+                self._note(chunk, txn)
         return txn
 
     def _on_mark(self, mark: Message, end_lsn: int) -> None:
@@ -141,17 +144,16 @@ class Watermarks:
                 self._on_signal(tables, end_lsn)
 
     def _at_watermark(self, txn: Transaction, mark: Message) -> Transaction | None:
-        chunk = self._chunk
-        assert chunk is not None
         payload = _payload(mark)
-        if mark.prefix != WATERMARK or payload is None or payload.get("id") != chunk.id:
+        chunk = self._chunks.get(payload.get("id")) if payload is not None else None  # type: ignore[arg-type]
+        if mark.prefix != WATERMARK or payload is None or chunk is None:
             return None  # a signal, or a watermark of an earlier run or chunk
         if payload.get("mark") == "low":
             chunk.opened = True
             return None
         if not chunk.opened or chunk.rows is None:
             return None
-        self._chunk = None
+        del self._chunks[chunk.id]
         if chunk.dirty:
             chunk.done.set_result(ChunkResult(retry=True))
             return None

@@ -112,3 +112,27 @@ async def test_stale_watermarks_and_signals_never_reach_the_sinks() -> None:
     # a user's own message is published as usual
     own = mark(140, "app", {"x": 1})
     assert marker(own) is None and feed(marks, own) is own
+
+
+async def test_overlapping_windows_of_chunks_read_at_once() -> None:
+    """``snapshot.workers``: two chunks between their watermarks at once, each its own window."""
+    marks = Watermarks(lambda tables, lsn: None)
+    first, second = Chunk("a", REL, ("id",)), Chunk("b", REL, ("id",))
+    marks.arm(first)
+    marks.arm(second)
+    feed(marks, mark(100, WATERMARK, {"id": "a", "mark": "low"}))
+    feed(marks, change(105, Update(None, 42, None, None, row(1, "x"))))  # a's window only
+    feed(marks, mark(110, WATERMARK, {"id": "b", "mark": "low"}))
+    first.rows = [row(1), row(2)]
+    second.rows = [row(1), row(11), row(12)]
+    feed(marks, change(115, Delete(None, 42, "K", key_image(11))))  # both windows
+    out_a = feed(marks, mark(120, WATERMARK, {"id": "a", "mark": "high"}))
+    assert out_a is not None and out_a.commit_lsn == 120
+    assert [int(r.change.new.values[1]) for r in out_a.changes()] == [2]  # type: ignore[union-attr]
+    assert marks.window_open  # b's is still open
+    feed(marks, change(125, Update(None, 42, None, None, row(12, "y"))))  # b's window only
+    out_b = feed(marks, mark(130, WATERMARK, {"id": "b", "mark": "high"}))
+    assert out_b is not None and out_b.commit_lsn == 130
+    # 1 was changed before b's window opened: b keeps it (its image is newer than the change)
+    assert [int(r.change.new.values[1]) for r in out_b.changes()] == [1]  # type: ignore[union-attr]
+    assert not marks.window_open
