@@ -405,10 +405,12 @@ class IncrementalSnapshot:
                     _log_progress(
                         name, progress, rows_done - int(entry["rows"]), last_log - started
                     )
-        finally:
-            for task in inflight:
+        except BaseException:
+            for task in inflight:  # a worker failed, or cdcd stops
                 task.cancel()
-            if inflight:
+            raise
+        finally:
+            if inflight:  # the table was requested again: let its chunks finish
                 await asyncio.wait(inflight)
             # chunks after one not read are read again at the next attempt: not recorded
             unread = next((i for i, d in enumerate(self._undurable) if d.end_lsn < 0), None)
