@@ -24,10 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.run import W1_DDL, W1_ROWS
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
-from cdcd.snapshot import (
+from cdcd.source.snapshot import (
     TableChunk,
+    chunk_sql,
     copy_chunk,
     published_tables,
+    read_key_chunk,
     read_rows,
     table_chunks,
 )
@@ -67,17 +69,15 @@ async def _cursor(conn: Any, table: Any, _chunk_rows: int) -> int:
 
 async def _keyset(conn: Any, table: Any, chunk_rows: int, copy: bool = False) -> int:
     """Key-ordered chunks (incremental snapshots): SELECT, or COPY of the same SELECT."""
-    from cdcd.pipeline.incremental import _chunk_sql, _read_chunk
-
     keys = [("id", "bigint")]
     last: list[str] | None = None
     count = 0
     while True:
         if copy:
-            rows = await _read_chunk(conn, table, keys, last, chunk_rows)
+            rows = await read_key_chunk(conn, table, keys, last, chunk_rows)
             key = rows[-1].values[0].decode() if rows else None  # type: ignore[union-attr]
         else:
-            records = await conn.fetch(_chunk_sql(table, keys, last, chunk_rows))
+            records = await conn.fetch(chunk_sql(table, keys, last, chunk_rows))
             rows = [
                 TupleData(
                     bytes(KIND_NULL if v is None else KIND_TEXT for v in r),

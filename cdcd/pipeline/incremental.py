@@ -36,29 +36,23 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.decoder.events import TupleData
-from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
+from cdcd.errors import ConfigError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.watermarks import WATERMARK, Chunk, ChunkResult, Watermarks
-from cdcd.snapshot import SnapshotTable, copy_query, published_tables
 from cdcd.source import open_sql
+from cdcd.source.queries import emit_message
+from cdcd.source.snapshot import (
+    SnapshotTable,
+    next_bound,
+    primary_key,
+    published_tables,
+    read_key_chunk,
+    row_estimate,
+)
 from cdcd.stats import Stats, TableSnapshot
-from cdcd.wire.frontend import quote_ident, quote_literal
 
 log = structlog.get_logger("cdcd.snapshot")
-
-# the primary key, else the replica identity index (unique, not partial, columns NOT NULL)
-_KEY_SQL = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod)
-FROM (
-    SELECT indrelid, indkey FROM pg_index
-    WHERE indrelid = $1 AND (indisprimary OR indisreplident)
-    ORDER BY indisprimary DESC LIMIT 1
-) i
-CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-ORDER BY k.ord
-"""
 
 
 #: what a lost connection raises (the server restarting, a cut connection): retried
@@ -193,50 +187,42 @@ class IncrementalSnapshot:
         cfg = self.config.snapshot
         watch_new = cfg.new_tables and cfg.mode != "never"
         conn = None
+        first = watch_new or cfg.mode == "incremental" or bool(self.state.pending())
         try:
-            if watch_new or cfg.mode == "incremental" or self.state.pending():
-                conn = await open_sql(self.source.params, self.config.source.connect_timeout)
-            if conn is not None and self.state.known is None:  # the first start with this state
-                self.state.known = await self._published(conn)
+            polled = time.monotonic()
+            backoff = 1.0
+            while first and self.state.known is None:  # the first start with this state
+                try:
+                    conn = conn or await self._open()
+                    self.state.known = await self._published(conn)
+                except _CONNECTION_LOST as exc:  # a failover, a restarting server
+                    conn = _dropped(conn, "could not list the published tables", exc)
+                    backoff = await _pause(backoff)
+                    continue
                 if cfg.mode == "incremental":
                     self.request(self.state.known)
                 self.state.save()
-            polled = time.monotonic()
-            backoff = 1.0
             while True:
                 if watch_new and time.monotonic() - polled >= _POLL_SECONDS:
                     polled = time.monotonic()
                     try:
-                        if conn is None:
-                            conn = await open_sql(
-                                self.source.params, self.config.source.connect_timeout
-                            )
+                        conn = conn or await self._open()
                         await self._new_tables(conn)
                     except _CONNECTION_LOST as exc:
-                        log.warning("could not look for new tables", error=str(exc))
-                        if conn is not None:
-                            conn.terminate()
-                        conn = None
+                        conn = _dropped(conn, "could not look for new tables", exc)
                 pending = self.state.pending()
                 if pending:
                     try:
-                        if conn is None:
-                            conn = await open_sql(
-                                self.source.params, self.config.source.connect_timeout
-                            )
+                        conn = conn or await self._open()
                         await self._table(conn, pending[0])
                         backoff = 1.0
                     except _CONNECTION_LOST as exc:  # the reader reconnects on its own
-                        log.warning(
+                        conn = _dropped(
+                            conn,
                             "incremental snapshot lost its connection; resuming after a backoff",
-                            error=str(exc),
-                            backoff_s=backoff,
+                            exc,
                         )
-                        if conn is not None:
-                            conn.terminate()
-                        conn = None
-                        await asyncio.sleep(backoff)
-                        backoff = min(backoff * 2, 10.0)
+                        backoff = await _pause(backoff)
                     continue
                 self.record_durable()
                 self._wake.clear()
@@ -245,6 +231,9 @@ class IncrementalSnapshot:
         finally:
             if conn is not None:
                 await conn.close()
+
+    async def _open(self) -> Any:
+        return await open_sql(self.source.params, self.config.source.connect_timeout)
 
     async def _published(self, conn: Any) -> list[str]:
         tables = await published_tables(conn, self.config.source.publication)
@@ -305,9 +294,7 @@ class IncrementalSnapshot:
             entry["status"] = "skipped"
             self.state.save()
             return
-        estimate = await conn.fetchval(
-            "SELECT reltuples::int8 FROM pg_class WHERE oid = $1", table.relation.oid
-        )
+        estimate = await row_estimate(conn, table.relation.oid)
         if entry["status"] == "pending":
             entry["status"] = "running"
             entry["estimate"] = max(int(estimate), 0)
@@ -350,7 +337,7 @@ class IncrementalSnapshot:
                     # several workers: the next chunk's last key, so that it and the one
                     # after it can be read at once; one worker reads `chunk_rows` rows
                     hi = (
-                        await _next_bound(conn, current[0], keys, lo, cfg.chunk_rows)
+                        await next_bound(conn, current[0], keys, lo, cfg.chunk_rows)
                         if cfg.workers > 1
                         else None
                     )
@@ -452,7 +439,7 @@ class IncrementalSnapshot:
             try:
                 await _watermark(conn, chunk.id, "low")
                 try:
-                    rows = await _read_chunk(
+                    rows = await read_key_chunk(
                         conn, table, keys, after, self.config.snapshot.chunk_rows, upto
                     )
                 except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
@@ -501,76 +488,19 @@ NO_KEY = (
 )
 
 
-async def primary_key(conn: Any, oid: int) -> list[Any]:
-    """The columns of table ``oid``'s key in key order, ``(name, type)`` records: its primary
-    key, else its replica identity index; none when it has neither."""
-    return list(await conn.fetch(_KEY_SQL, oid))
+def _dropped(conn: Any, what: str, exc: BaseException) -> Any:
+    """Log a lost connection and close it: None, the connection to use from now on (the caller
+    opens a new one when it next needs it)."""
+    log.warning(what, error=str(exc))
+    if conn is not None:
+        conn.terminate()
+    return None
 
 
-def _chunk_sql(
-    table: SnapshotTable,
-    keys: list[tuple[str, str]],
-    after: list[str] | None,
-    limit: int,
-    upto: list[str] | None = None,
-    select: str | None = None,
-) -> str:
-    """Keyset pagination: the rows after the key ``after``, up to the key ``upto`` or else the
-    next ``limit``, in key order (as literals: COPY takes no parameters)."""
-    rel = table.relation
-    # aliased: ORDER BY a name of the select list would sort by its text
-    if select is None:
-        select = ", ".join(
-            f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns)
-        )
-    cols = ", ".join(quote_ident(k) for k, _ in keys)
-    sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
-    where = []
-    if after is not None:
-        where.append(f"({cols}) > ({_key_literal(keys, after)})")
-    if upto is not None:
-        where.append(f"({cols}) <= ({_key_literal(keys, upto)})")
-    if table.row_filter:
-        where.append(f"({table.row_filter})")
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    return sql + f" ORDER BY {cols}" + ("" if upto is not None else f" LIMIT {int(limit)}")
-
-
-def _key_literal(keys: list[tuple[str, str]], values: list[str]) -> str:
-    return ", ".join(f"{quote_literal(v)}::{t}" for v, (_, t) in zip(values, keys, strict=True))
-
-
-async def _next_bound(
-    conn: Any, table: SnapshotTable, keys: list[tuple[str, str]], after: Any, rows: int
-) -> list[str | None] | None:
-    """The key ``rows`` rows after ``after`` (the last key of the next chunk), from the key's
-    index alone; None when fewer rows follow (the next chunk is the last)."""
-    select = ", ".join(f"{quote_ident(k)}::text AS k{i}" for i, (k, _) in enumerate(keys))
-    sql = _chunk_sql(table, keys, after, 1, select=select).replace(
-        " LIMIT 1", f" OFFSET {int(rows) - 1} LIMIT 1"
-    )
-    record = await conn.fetchrow(sql)
-    return None if record is None else list(record)
-
-
-async def _read_chunk(
-    conn: Any,
-    table: SnapshotTable,
-    keys: list[tuple[str, str]],
-    after: list[str] | None,
-    limit: int,
-    upto: list[str] | None = None,
-) -> list[TupleData]:
-    """The chunk's rows, read with COPY (README "Initial snapshot": faster than a SELECT)."""
-    rows: list[TupleData] = []
-
-    async def take(batch: list[TupleData]) -> None:
-        rows.extend(batch)
-
-    sql = _chunk_sql(table, keys, after, limit, upto)
-    await copy_query(conn, sql, len(table.relation.columns), take, limit)
-    return rows
+async def _pause(backoff: float) -> float:
+    """Wait ``backoff`` seconds after a lost connection; the next, doubled, wait (at most 10 s)."""
+    await asyncio.sleep(backoff)
+    return min(backoff * 2, 10.0)
 
 
 def _give_back(pool: list[Any], conn: Any, _: Any) -> None:
@@ -585,17 +515,4 @@ def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:
 
 async def _watermark(conn: Any, chunk_id: str, mark: str) -> None:
     content = json.dumps({"id": chunk_id, "mark": mark})
-    try:
-        await conn.fetchval("SELECT pg_logical_emit_message(true, $1, $2)", WATERMARK, content)
-    except asyncpg.InsufficientPrivilegeError as exc:
-        raise DefiniteSourceError(
-            f"incremental snapshot: {exc}; the role writes watermarks with "
-            "pg_logical_emit_message: GRANT EXECUTE ON FUNCTION "
-            "pg_logical_emit_message(boolean, text, text) TO <role> (17+: (boolean, text, text, "
-            "boolean); cdcd check shows the signature)"
-        ) from exc
-    except asyncpg.ReadOnlySQLTransactionError as exc:
-        raise DefiniteSourceError(
-            f"incremental snapshot: {exc}; watermarks are written to the WAL, which a standby "
-            "cannot do: incremental snapshots need the primary"
-        ) from exc
+    await emit_message(conn, WATERMARK, content, "incremental snapshot watermark")

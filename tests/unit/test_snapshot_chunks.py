@@ -1,5 +1,5 @@
 """Pure parts of the parallel initial snapshot: COPY text rows parsed into TupleData
-(cdcd.snapshot.copy_rows) and the read-ahead bound between the workers and the writer
+(cdcd.source.copy.copy_rows) and the read-ahead bound between the workers and the writer
 (cdcd.pipeline.snapshot._Chunks)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
 from cdcd.pipeline.snapshot import _Chunks, rows_bytes
-from cdcd.snapshot import SnapshotTable, TableChunk, chunk_query, copy_rows
+from cdcd.source.copy import copy_rows
+from cdcd.source.snapshot import SnapshotTable, TableChunk, chunk_query
 
 
 def test_copy_rows_unescapes_and_reads_nulls() -> None:

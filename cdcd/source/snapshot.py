@@ -36,14 +36,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
-from cdcd.wire.frontend import quote_ident
+from cdcd.source.copy import copy_query
+from cdcd.wire.frontend import quote_ident, quote_literal
 
 _TABLES_SQL = """
 SELECT c.oid::int8, n.nspname, c.relname, c.relreplident
@@ -222,83 +222,109 @@ def chunk_query(chunk: TableChunk) -> str | None:
     return sql
 
 
-# COPY's text format (PostgreSQL docs, COPY "Text Format"): what COPY TO writes escaped
-_UNESCAPES = {
-    b"b": b"\b",
-    b"f": b"\f",
-    b"n": b"\n",
-    b"r": b"\r",
-    b"t": b"\t",
-    b"v": b"\v",
-    b"\\": b"\\",
-}
-_ESCAPE = re.compile(rb"\\(.)", re.DOTALL)
-
-
-def _unescape(match: re.Match[bytes]) -> bytes:
-    return _UNESCAPES.get(match.group(1), match.group(1))
-
-
-def copy_rows(lines: list[bytes], width: int) -> list[TupleData]:
-    """Rows of COPY text output (one line each, without the newline) as text-kind TupleData."""
-    all_text = bytes([KIND_TEXT]) * width
-    rows = []
-    for line in lines:
-        fields = line.split(b"\t")
-        if len(fields) != width:
-            raise ValueError(f"COPY row with {len(fields)} fields, expected {width}")
-        if b"\\" not in line:
-            rows.append(TupleData(all_text, tuple(fields)))
-            continue
-        values = tuple(None if f == b"\\N" else _ESCAPE.sub(_unescape, f) for f in fields)
-        kinds = bytes(KIND_NULL if v is None else KIND_TEXT for v in values)
-        rows.append(TupleData(kinds, values))
-    return rows
-
-
 async def copy_chunk(
     conn: Any,
     chunk: TableChunk,
     on_rows: Callable[[list[TupleData]], Awaitable[None]],
     batch_size: int = 5000,
 ) -> int:
-    """Read ``chunk`` (inside the caller's transaction) with :func:`copy_query`."""
+    """Read ``chunk`` (inside the caller's transaction) with COPY (:func:`copy_query`)."""
     sql = chunk_query(chunk)
     if sql is None:
         return 0
     return await copy_query(conn, sql, len(chunk.table.relation.columns), on_rows, batch_size)
 
 
-async def copy_query(
+# The primary key, else the replica identity index (unique, not partial, columns NOT NULL).
+_KEY_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+FROM (
+    SELECT indrelid, indkey FROM pg_index
+    WHERE indrelid = $1 AND (indisprimary OR indisreplident)
+    ORDER BY indisprimary DESC LIMIT 1
+) i
+CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+ORDER BY k.ord
+"""
+
+
+async def primary_key(conn: Any, oid: int) -> list[Any]:
+    """The columns of table ``oid``'s key in key order, ``(name, type)`` records: its primary
+    key, else its replica identity index; none when it has neither."""
+    return list(await conn.fetch(_KEY_SQL, oid))
+
+
+async def row_estimate(conn: Any, oid: int) -> int:
+    """The planner's row count of table ``oid`` (``pg_class.reltuples``; -1 before the first
+    VACUUM or ANALYZE on 14+, read as 0)."""
+    return max(
+        int(await conn.fetchval("SELECT reltuples::int8 FROM pg_class WHERE oid = $1", oid)), 0
+    )
+
+
+def chunk_sql(
+    table: SnapshotTable,
+    keys: list[tuple[str, str]],
+    after: list[str] | None,
+    limit: int,
+    upto: list[str] | None = None,
+    select: str | None = None,
+) -> str:
+    """Keyset pagination: the rows after the key ``after``, up to the key ``upto`` or else the
+    next ``limit``, in key order (as literals: COPY takes no parameters)."""
+    rel = table.relation
+    # aliased: ORDER BY a name of the select list would sort by its text
+    if select is None:
+        select = ", ".join(
+            f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns)
+        )
+    cols = ", ".join(quote_ident(k) for k, _ in keys)
+    sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
+    where = []
+    if after is not None:
+        where.append(f"({cols}) > ({_key_literal(keys, after)})")
+    if upto is not None:
+        where.append(f"({cols}) <= ({_key_literal(keys, upto)})")
+    if table.row_filter:
+        where.append(f"({table.row_filter})")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + f" ORDER BY {cols}" + ("" if upto is not None else f" LIMIT {int(limit)}")
+
+
+def _key_literal(keys: list[tuple[str, str]], values: list[str]) -> str:
+    return ", ".join(f"{quote_literal(v)}::{t}" for v, (_, t) in zip(values, keys, strict=True))
+
+
+async def next_bound(
+    conn: Any, table: SnapshotTable, keys: list[tuple[str, str]], after: Any, rows: int
+) -> list[str | None] | None:
+    """The key ``rows`` rows after ``after`` (the last key of the next chunk), from the key's
+    index alone; None when fewer rows follow (the next chunk is the last)."""
+    select = ", ".join(f"{quote_ident(k)}::text AS k{i}" for i, (k, _) in enumerate(keys))
+    sql = chunk_sql(table, keys, after, 1, select=select).replace(
+        " LIMIT 1", f" OFFSET {int(rows) - 1} LIMIT 1"
+    )
+    record = await conn.fetchrow(sql)
+    return None if record is None else list(record)
+
+
+async def read_key_chunk(
     conn: Any,
-    sql: str,
-    width: int,
-    on_rows: Callable[[list[TupleData]], Awaitable[None]],
-    batch_size: int = 5000,
-) -> int:
-    """Read the rows of ``sql`` (its ``width`` columns as text) with
-    ``COPY (sql) TO STDOUT``, handing them to ``on_rows`` in batches of about ``batch_size``;
-    the row count. ``on_rows`` may wait: the server's output waits with it."""
-    rest = b""
-    pending: list[TupleData] = []
-    count = 0
+    table: SnapshotTable,
+    keys: list[tuple[str, str]],
+    after: list[str] | None,
+    limit: int,
+    upto: list[str] | None = None,
+) -> list[TupleData]:
+    """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (README "Initial
+    snapshot": faster than a SELECT)."""
+    rows: list[TupleData] = []
 
-    async def take(data: bytes | bytearray) -> None:
-        nonlocal rest, pending, count
-        data = bytes(data)  # asyncpg hands a bytearray; values must be bytes
-        lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
-        rest = lines.pop()
-        if lines:
-            pending += copy_rows(lines, width)
-        if len(pending) >= batch_size:
-            count += len(pending)
-            batch, pending = pending, []
-            await on_rows(batch)
+    async def take(batch: list[TupleData]) -> None:
+        rows.extend(batch)
 
-    await conn.copy_from_query(sql, output=take)
-    if rest:
-        raise ValueError(f"COPY output ends inside a row: {sql[:200]}")
-    if pending:
-        count += len(pending)
-        await on_rows(pending)
-    return count
+    sql = chunk_sql(table, keys, after, limit, upto)
+    await copy_query(conn, sql, len(table.relation.columns), take, limit)
+    return rows
