@@ -217,7 +217,8 @@ class SnapshotConfig(_Model):
     state_dir: ConfigPath = Field(default=Path("cdcd-state"), validate_default=True)
     #: rows handed to the sinks per batch while snapshotting
     batch_rows: int = Field(default=5000, ge=1)
-    #: connections reading the initial snapshot's chunks at once (README "Initial snapshot")
+    #: connections reading snapshot chunks at once: block ranges of the initial snapshot, key
+    #: ranges of an incremental one (README "Initial snapshot", "Incremental snapshots")
     workers: int = Field(default=1, ge=1, le=64)
     #: rows per block-range chunk of the initial snapshot, estimated from pg_class
     initial_chunk_rows: int = Field(default=100_000, ge=1)
