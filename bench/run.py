@@ -510,16 +510,23 @@ def run_cdcd(setup: Setup, slot: str, contender: str) -> Result:
     work = Path(tempfile.mkdtemp(prefix=f"{contender}-", dir=setup.work))
     try:
         config = cdcd_config(setup, contender, slot, work)
-        cmd = [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
-        if setup.profile is not None:
-            setup.profile.mkdir(parents=True, exist_ok=True)
-            raw = setup.profile / f"{setup.workload.name}-{contender}.txt"
-            cmd = ["py-spy", "record", "--format", "raw", "-r", "250", "-o", str(raw), "--", *cmd]
+        cmd = _profiled(
+            setup, contender, [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
+        )
         env = cdcd_env(work, False, setup.checkout)
         m = run_measured([*cmd, "--endpos", setup.end_lsn], env=env, cwd=setup.checkout)
         return cdcd_result(setup, contender, work, m)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _profiled(setup: Setup, contender: str, cmd: list[str]) -> list[str]:
+    """``cmd`` under py-spy with ``--profile``: collapsed stacks into that folder."""
+    if setup.profile is None:
+        return cmd
+    setup.profile.mkdir(parents=True, exist_ok=True)
+    raw = setup.profile / f"{setup.workload.name}-{contender}.txt"
+    return ["py-spy", "record", "--format", "raw", "-r", "250", "-o", str(raw), "--", *cmd]
 
 
 def run_snapshot(setup: Setup, slot: str, contender: str) -> Result:
@@ -531,7 +538,9 @@ def run_snapshot(setup: Setup, slot: str, contender: str) -> Result:
     work = Path(tempfile.mkdtemp(prefix=f"{contender}-", dir=setup.work))
     try:
         config = cdcd_snapshot_config(setup, contender, slot, work)
-        cmd = [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
+        cmd = _profiled(
+            setup, contender, [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
+        )
         m = run_measured(cmd, env=cdcd_env(work, False, setup.checkout))
         _check(m, contender)
         stats = orjson.loads((work / "stats.json").read_bytes())

@@ -39,7 +39,7 @@ from tests.pgharness import PgCluster, create_database, get_installation
 async def _copy(conn: Any, table: Any, chunk_rows: int) -> int:
     count = 0
 
-    async def take(rows: list[Any]) -> None:
+    async def take(rows: list[Any], _size: int) -> None:
         nonlocal count
         count += len(rows)
 
@@ -51,7 +51,7 @@ async def _copy(conn: Any, table: Any, chunk_rows: int) -> int:
 async def _copy_whole(conn: Any, table: Any, _chunk_rows: int) -> int:
     count = 0
 
-    async def take(rows: list[Any]) -> None:
+    async def take(rows: list[Any], _size: int) -> None:
         nonlocal count
         count += len(rows)
 

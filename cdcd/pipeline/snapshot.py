@@ -46,11 +46,6 @@ from cdcd.stats import Stats
 log = structlog.get_logger("cdcd.snapshot")
 
 
-def rows_bytes(rows: list[TupleData]) -> int:
-    """Accounted bytes of ``rows`` (as the watermarks count a chunk's rows)."""
-    return sum(64 + sum(len(v or b"") for v in row.values) for row in rows)
-
-
 class _Chunks:
     """The chunks' rows between the workers and the writer. ``position``: the chunk the writer
     is at. A worker's rows wait for room (``limit`` bytes, ``most`` batches), except one batch of
@@ -58,7 +53,7 @@ class _Chunks:
     done), and the writer can always go on; memory stays within ``limit`` plus one batch."""
 
     def __init__(self, count: int, limit: int, most: int) -> None:
-        self.batches: list[deque[list[TupleData]]] = [deque() for _ in range(count)]
+        self.batches: list[deque[tuple[list[TupleData], int]]] = [deque() for _ in range(count)]
         self.done = [False] * count
         self.position = 0
         self.held = 0
@@ -67,8 +62,8 @@ class _Chunks:
         self.most = most
         self.changed = asyncio.Condition()
 
-    async def put(self, index: int, rows: list[TupleData]) -> None:
-        size = rows_bytes(rows)
+    async def put(self, index: int, rows: list[TupleData], size: int) -> None:
+        """Rows of chunk ``index`` and their accounted bytes."""
         async with self.changed:
             await self.changed.wait_for(
                 lambda: (
@@ -78,7 +73,7 @@ class _Chunks:
             )
             self.held += size
             self.queued += 1
-            self.batches[index].append(rows)
+            self.batches[index].append((rows, size))
             self.changed.notify_all()
 
     async def finish(self, index: int) -> None:
@@ -95,8 +90,8 @@ class _Chunks:
             await self.changed.wait_for(lambda: bool(self.batches[index]) or self.done[index])
             if not self.batches[index]:
                 return None
-            rows = self.batches[index].popleft()
-            self.held -= rows_bytes(rows)
+            rows, size = self.batches[index].popleft()
+            self.held -= size
             self.queued -= 1
             self.changed.notify_all()
             return rows

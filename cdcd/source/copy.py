@@ -53,19 +53,22 @@ async def copy_query(
     conn: Any,
     sql: str,
     width: int,
-    on_rows: Callable[[list[TupleData]], Awaitable[None]],
+    on_rows: Callable[[list[TupleData], int], Awaitable[None]],
     batch_size: int = 5000,
 ) -> int:
     """Read the rows of ``sql`` (its ``width`` columns as text) with ``COPY (sql) TO STDOUT``,
-    handing them to ``on_rows`` in batches of about ``batch_size``; the row count. ``on_rows``
-    may wait: the server's output waits with it."""
+    handing them to ``on_rows`` in batches of about ``batch_size``, with their accounted bytes
+    (:func:`accounted`); the row count. ``on_rows`` may wait: the server's output waits with
+    it."""
     rest = b""
     pending: list[TupleData] = []
     count = 0
+    received = 0  # bytes of the rows in ``pending``, and of ``rest``
 
     async def take(data: bytes | bytearray) -> None:
-        nonlocal rest, pending, count
+        nonlocal rest, pending, count, received
         data = bytes(data)  # asyncpg hands a bytearray; values must be bytes
+        received += len(data)
         lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
         rest = lines.pop()
         if lines:
@@ -73,12 +76,19 @@ async def copy_query(
         if len(pending) >= batch_size:
             count += len(pending)
             batch, pending = pending, []
-            await on_rows(batch)
+            size, received = received - len(rest), len(rest)
+            await on_rows(batch, accounted(len(batch), size))
 
     await conn.copy_from_query(sql, output=take)
     if rest:
         raise ValueError(f"COPY output ends inside a row: {sql[:200]}")
     if pending:
         count += len(pending)
-        await on_rows(pending)
+        await on_rows(pending, accounted(len(pending), received))
     return count
+
+
+def accounted(rows: int, text_bytes: int) -> int:
+    """Bytes counted against ``buffer.memory_limit`` for ``rows`` rows of ``text_bytes`` bytes of
+    COPY text (as the watermarks count a chunk's rows: 64 per row and the values)."""
+    return 64 * rows + text_bytes

@@ -225,7 +225,7 @@ def chunk_query(chunk: TableChunk) -> str | None:
 async def copy_chunk(
     conn: Any,
     chunk: TableChunk,
-    on_rows: Callable[[list[TupleData]], Awaitable[None]],
+    on_rows: Callable[[list[TupleData], int], Awaitable[None]],
     batch_size: int = 5000,
 ) -> int:
     """Read ``chunk`` (inside the caller's transaction) with COPY (:func:`copy_query`)."""
@@ -322,7 +322,7 @@ async def read_key_chunk(
     snapshot": faster than a SELECT)."""
     rows: list[TupleData] = []
 
-    async def take(batch: list[TupleData]) -> None:
+    async def take(batch: list[TupleData], _size: int) -> None:
         rows.extend(batch)
 
     sql = chunk_sql(table, keys, after, limit, upto)

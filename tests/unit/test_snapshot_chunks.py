@@ -10,7 +10,7 @@ import random
 import pytest
 
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
-from cdcd.pipeline.snapshot import _Chunks, rows_bytes
+from cdcd.pipeline.snapshot import _Chunks
 from cdcd.source.copy import copy_rows
 from cdcd.source.snapshot import SnapshotTable, TableChunk, chunk_query
 
@@ -54,7 +54,7 @@ def _rows(n: int) -> list[TupleData]:
 
 
 async def test_read_ahead_stays_within_the_limit_and_never_blocks_the_writer() -> None:
-    batch = rows_bytes(_rows(10))
+    batch = 1000  # accounted bytes of a batch
     chunks = _Chunks(12, limit=3 * batch, most=100)
     rng = random.Random(1)
     peak = 0
@@ -67,7 +67,7 @@ async def test_read_ahead_stays_within_the_limit_and_never_blocks_the_writer() -
             index = next_chunk
             next_chunk += 1
             for _ in range(5):
-                await chunks.put(index, _rows(10))
+                await chunks.put(index, _rows(10), batch)
                 peak = max(peak, chunks.held)
                 await asyncio.sleep(rng.random() * delay)
             await chunks.finish(index)
@@ -87,12 +87,12 @@ async def test_read_ahead_stays_within_the_limit_and_never_blocks_the_writer() -
 
 async def test_read_ahead_stays_within_a_number_of_batches() -> None:
     chunks = _Chunks(3, limit=10**9, most=2)
-    await chunks.put(1, _rows(1))
-    await chunks.put(2, _rows(1))
-    third = asyncio.ensure_future(chunks.put(2, _rows(1)))
+    await chunks.put(1, _rows(1), 100)
+    await chunks.put(2, _rows(1), 100)
+    third = asyncio.ensure_future(chunks.put(2, _rows(1), 100))
     await asyncio.sleep(0.01)
     assert not third.done()  # two batches wait already
-    await chunks.put(0, _rows(1))  # the writer's chunk: one batch always gets through
+    await chunks.put(0, _rows(1), 100)  # the writer's chunk: one batch always gets through
     assert await chunks.take(0) is not None
     await chunks.finish(0)
     assert await chunks.take(0) is None
