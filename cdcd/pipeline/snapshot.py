@@ -203,10 +203,14 @@ async def initial_snapshot(
             await each_sink("commit", lambda sink: sink.commit(txn))
             return seq
 
-        async with asyncio.TaskGroup() as group:
-            for conn in conns:
-                group.create_task(read(conn))
-            rows_total = await group.create_task(write())
+        tasks = [asyncio.create_task(write()), *(asyncio.create_task(read(c)) for c in conns)]
+        try:  # the first failure as it is (a sink's error keeps its type and exit code)
+            rows_total, *_ = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         for i in range(len(sinks)):
             tracker.handed(i, point)
         await writer.flush_all()

@@ -176,6 +176,9 @@ def test_parallel_snapshot_under_a_workload(pg_db: PgDatabase, tmp_path: Path) -
 def test_kill_during_a_parallel_snapshot(pg_db: PgDatabase, tmp_path: Path) -> None:
     _setup(pg_db)
     cfg = _config(tmp_path, pg_db.dsn)
+    data = yaml.safe_load(cfg.read_text())
+    data["sinks"][0]["flush_interval"] = 0.05  # files appear while the snapshot is read
+    cfg.write_text(yaml.safe_dump(data))
     log = tmp_path / "cdcd.log"
     proc = start_cdcd("run", "--config", str(cfg), log_path=log)
     try:
@@ -187,7 +190,8 @@ def test_kill_during_a_parallel_snapshot(pg_db: PgDatabase, tmp_path: Path) -> N
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-    assert not _log_lines(log, "initial snapshot done"), "the kill came too late"
+    state = json.loads((tmp_path / "cdcd-state" / "cdcd_e2e.snapshot.json").read_text())
+    assert state["status"] == "running", "the kill came too late"
     pg_db.execute(
         "UPDATE big SET n = 7 WHERE id % 5 = 0; INSERT INTO big VALUES (-1, 'late', 0);"
         "UPDATE keyless SET n = 9 WHERE a < 100; DELETE FROM keyless WHERE a % 10 = 1"
