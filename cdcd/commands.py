@@ -131,9 +131,16 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
                 f"confirmed={format_lsn(info.confirmed_flush_lsn or 0)} lag={_size(lag)} "
                 f"safe_wal_size={_size(info.safe_wal_size)}"
             )
-            if info.invalidated:
+            lost = info.invalidated
+            if lost:
                 detail += f" invalidated ({info.invalidation_reason or 'wal_removed'})"
-            status = FAIL if info.invalidated or (info.plugin not in (None, "pgoutput")) else OK
+                if src.on_slot_lost == "recreate":
+                    detail += (
+                        ": on_slot_lost is recreate, cdcd replaces it at start (reset, backfill)"
+                    )
+                    lost = False
+            bad = lost or info.plugin not in (None, "pgoutput")
+            status = FAIL if bad else WARN if info.invalidated else OK
             if status == OK and lag is not None and lag > src.retained_wal_warning:
                 status = WARN
             findings.append(Finding("slot", status, detail))

@@ -178,6 +178,12 @@ class IncrementalSnapshot:
         self.state.request(tables)
         self._wake.set()
 
+    def restart(self, tables: list[str]) -> None:
+        """Backfill ``tables`` from their first key, now (a recreated slot): the chunk in
+        flight is abandoned, since the new slot may never carry its watermarks."""
+        self.watermarks.abandon()
+        self.request(tables)
+
     async def run(self) -> None:
         cfg = self.config.snapshot
         watch_new = cfg.new_tables and cfg.mode != "never"
