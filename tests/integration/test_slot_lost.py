@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,8 @@ def _cluster(factory: Callable[..., PgCluster]) -> PgCluster:
     cluster.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL DEFAULT 0);"
         "CREATE TABLE u (k text PRIMARY KEY, w int);"
-        "CREATE TABLE filler (id int, pad text);"
+        "CREATE TABLE filler (id int PRIMARY KEY, pad text);"
+        "CREATE TABLE nokey (v int); INSERT INTO nokey VALUES (1);"
         "INSERT INTO t SELECT g, 'seed', 0 FROM generate_series(1, 300) g;"
         "INSERT INTO u SELECT 'k' || g, g FROM generate_series(1, 40) g",
         DB,
@@ -80,14 +82,19 @@ def _gap_changes(cluster: PgCluster, base: int) -> None:
     )
 
 
-def _invalidate(cluster: PgCluster) -> None:
-    """WAL past max_slot_wal_keep_size, then a checkpoint removes it: the slot is lost."""
+def _make_wal(cluster: PgCluster) -> None:
+    """WAL past max_slot_wal_keep_size."""
     for _ in range(4):
         cluster.execute(
             "INSERT INTO filler SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g;"
             "DELETE FROM filler; SELECT pg_switch_wal()",
             DB,
         )
+
+
+def _invalidate(cluster: PgCluster) -> None:
+    """WAL past max_slot_wal_keep_size, then a checkpoint removes it: the slot is lost."""
+    _make_wal(cluster)
     cluster.execute("CHECKPOINT")
     _wait(lambda: _wal_status(cluster) == "lost", 60, "the slot to be invalidated")
 
@@ -120,7 +127,7 @@ def _log_lines(log: Path) -> list[dict[str, Any]]:
 
 def _backfilled(log: Path, times: int) -> bool:
     done = [e for e in _log_lines(log) if e.get("event") == "incremental snapshot of table done"]
-    return len(done) >= times * len(TABLES)
+    return len(done) >= times * (len(TABLES) + 1)  # and filler
 
 
 def _source(cluster: PgCluster, table: str) -> list[dict[str, Any]]:
@@ -197,6 +204,8 @@ def test_recreate_after_loss_while_stopped(
     _assert_equal(out, cluster, resets=1)
     recreated = [e for e in _log_lines(log) if e.get("event") == "replication slot recreated"]
     assert recreated and recreated[0]["reason"] == "wal_removed", recreated
+    keyless = [e for e in _log_lines(log) if "tables without a primary key" in e.get("event", "")]
+    assert keyless and keyless[0]["tables"] == ["public.nokey"], keyless
     assert not (tmp_path / "cdcd-state" / f"{SLOT}.recreate.json").exists()
     assert _wal_status(cluster) != "lost"
 
@@ -213,11 +222,21 @@ def test_recreate_after_loss_while_connected(
         cluster.execute("UPDATE t SET n = 1 WHERE id <= 10", DB)
         time.sleep(1)
         proc.send_signal(signal.SIGSTOP)  # cdcd stalls: its slot falls behind
+        checkpoint = threading.Thread(target=cluster.execute, args=("CHECKPOINT",), daemon=True)
         try:
             _gap_changes(cluster, 1000)
-            _invalidate(cluster)
+            _make_wal(cluster)
+            # The checkpointer terminates the walsender, which cannot exit before it has
+            # written to the stalled cdcd: the checkpoint waits until cdcd runs again.
+            checkpoint.start()
+            _wait(
+                lambda: "to release replication slot" in cluster.log_path.read_text(),
+                60,
+                "the checkpointer to terminate the walsender",
+            )
         finally:
             proc.send_signal(signal.SIGCONT)
+        checkpoint.join(60)
         _wait(lambda: "replication slot recreated" in log.read_text(), 60, "the new slot", log)
         lost = [
             e for e in _log_lines(log) if e.get("event") == "replication slot lost while streaming"
