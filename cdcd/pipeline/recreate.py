@@ -17,11 +17,11 @@ in table order), acknowledged at ``P``, the new slot's consistent point. P is th
 running-xacts record at which the new slot became consistent, created after everything the old
 slot delivered, so every position published before is smaller; ``P - 1`` lies inside that
 record, where no transaction commits, so nothing of the new stream shares it (the argument of
-:mod:`cdcd.snapshot` for the initial snapshot). Every change the new slot streams commits at
+:mod:`cdcd.source.snapshot` for the initial snapshot). Every change the new slot streams commits at
 or after P, and every backfill chunk sits at a later high watermark: the reset comes first in
 every sink, and the file sinks (which skip positions not beyond their last one) publish it.
 
-Crash safety: :class:`cdcd.snapshot.RecreateState` is written before the old slot is dropped
+Crash safety: :class:`cdcd.source.snapshot.RecreateState` is written before the old slot is dropped
 and removed only once the reset is durable in every sink (:meth:`SlotRecreator.run`); a start
 that finds it replaces the slot again (another reset, later positions). The backfill's requests
 are in the incremental snapshot's own state file, which resumes by itself.
@@ -36,15 +36,15 @@ from typing import Any
 import structlog
 
 from cdcd.assembler.transaction import ChangeRecord, Transaction
-from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
 from cdcd.decoder.events import Truncate
 from cdcd.errors import DefiniteSourceError, SlotLostError
 from cdcd.lsn import format_lsn, unix_to_pg_us
-from cdcd.pipeline.incremental import IncrementalSnapshot, primary_key
+from cdcd.pipeline.incremental import IncrementalSnapshot
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import Writer
-from cdcd.snapshot import RecreateState, published_tables
+from cdcd.source.catalog import LiveCatalog
+from cdcd.source.snapshot import RecreateState, primary_key, published_tables
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.recreate")
