@@ -31,6 +31,7 @@ from tests.e2e import (
     apply_events,
     checked_events,
     comparable,
+    parquet_events,
     run_cdcd,
     start_cdcd,
     write_config,
@@ -65,6 +66,9 @@ def _config(tmp_path: Path, cluster: PgCluster, policy: str, snapshot: str = "in
     data = yaml.safe_load(cfg.read_text())
     data["snapshot"]["chunk_rows"] = 40
     data["sinks"][0]["flush_interval"] = 0.2
+    data["sinks"].append(  # the reset in Parquet too (_assert_equal reads both)
+        {"type": "file", "path": "out-parquet", "format": "parquet", "flush_interval": 0.2}
+    )
     data["http"] = {"listen": "127.0.0.1:0"}
     cfg.write_text(yaml.safe_dump(data))
     return cfg
@@ -139,13 +143,19 @@ def _source(cluster: PgCluster, table: str) -> list[dict[str, Any]]:
 
 def _assert_equal(out: Path, cluster: PgCluster, resets: int) -> None:
     for table in TABLES:
-        events = checked_events(out, table)
-        marks = [e for e in events if e["op"] == "t"]
-        assert len(marks) == resets, (table, marks)
-        for mark in marks:
-            assert mark["source"]["snapshot"] == "reset", mark
-            assert mark["key"] is None and mark["before"] is None and mark["after"] is None
-        assert comparable(apply_events(events)) == _source(cluster, table), table
+        _assert_table(checked_events(out, table), cluster, table, resets)
+        _assert_table(parquet_events(out.with_name("out-parquet"), table), cluster, table, resets)
+
+
+def _assert_table(
+    events: list[dict[str, Any]], cluster: PgCluster, table: str, resets: int
+) -> None:
+    marks = [e for e in events if e["op"] == "t"]
+    assert len(marks) == resets, (table, marks)
+    for mark in marks:
+        assert mark["source"]["snapshot"] == "reset", mark
+        assert mark["key"] is None and mark["before"] is None and mark["after"] is None
+    assert comparable(apply_events(events)) == _source(cluster, table), table
 
 
 def _stop(proc: Any) -> int:
