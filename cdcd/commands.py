@@ -20,7 +20,7 @@ from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication.client import SlotExists
 from cdcd.source import queries
 from cdcd.source import slot as slots
-from cdcd.source.snapshot import SnapshotState
+from cdcd.source.snapshot import SnapshotState, incremental_state_path
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -374,6 +374,7 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
         if action == "drop":
             # cdcd starts over: a new slot and a new snapshot (see Source.prepare)
             SnapshotState(config.snapshot.state_dir, src.slot).path.unlink(missing_ok=True)
+            incremental_state_path(config.snapshot.state_dir, src.slot).unlink(missing_ok=True)
             client = await source.replication_client()
             try:
                 await client.drop_slot(src.slot)

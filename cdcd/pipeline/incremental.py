@@ -40,6 +40,7 @@ from cdcd.source.queries import emit_message
 from cdcd.source.snapshot import (
     SnapshotTable,
     chunk_sql,
+    incremental_state_path,
     primary_key,
     published_tables,
     row_estimate,
@@ -84,7 +85,7 @@ class IncrementalState:
     its last durable chunk, the rows emitted and the estimate; written atomically (fsynced)."""
 
     def __init__(self, state_dir: Path, slot: str) -> None:
-        self.path = state_dir / f"{slot}.incremental.json"
+        self.path = incremental_state_path(state_dir, slot)
         self.tables: dict[str, dict[str, Any]] = {}
         self.last_signal = 0  # end LSN of the last signal taken (they are sent again)
         self.known: list[str] | None = None  # the published tables at the last look

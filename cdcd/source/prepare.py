@@ -32,7 +32,7 @@ from cdcd.lsn import format_lsn
 from cdcd.replication.client import ReplicationClient, SlotExists
 from cdcd.replication.hosts import Role, connect_first
 from cdcd.source import slot as slots
-from cdcd.source.snapshot import RecreateState, SnapshotState
+from cdcd.source.snapshot import RecreateState, SnapshotState, streamed_before
 from cdcd.wire.dsn import ConnParams, parse_dsn
 from cdcd.wire.session import DEFAULT_GUCS
 
@@ -218,20 +218,21 @@ class Source:
             info = None
         plan: SnapshotPlan | None = None
         if src.on_slot_lost == "recreate":
-            lost = self._lost_reason(info, state)
+            lost = self._lost_reason(info)
             if lost is not None:
                 await self.recreate_slot(lost)
                 info = await slots.slot_info(conn, src.slot)
-        if info is None and state.path.exists() and not state.running():
-            # This cdcd snapshotted through the slot before: it was dropped, or lost in a
-            # failover to a server that did not have it. A new slot would silently skip
-            # everything in between.
+        history = streamed_before(self.config.snapshot.state_dir, src.slot)
+        if info is None and history is not None:
+            # This cdcd streamed from the slot before: it was dropped, or lost in a failover
+            # to a server that did not have it. A new slot would silently skip everything in
+            # between.
             raise SlotLostError(
                 f"replication slot {src.slot!r} no longer exists on {self.where()}, but cdcd "
-                f"streamed from it before ({state.path}): it was dropped, or lost in a failover "
+                f"streamed from it before ({history}): it was dropped, or lost in a failover "
                 "(not a failover slot, or not synchronised to the promoted standby). Changes "
                 "since were lost. To start over with a new slot and a new snapshot, run 'cdcd "
-                f"slot drop' (or remove {state.path}); or set source.on_slot_lost: recreate "
+                f"slot drop' (or remove {history}); or set source.on_slot_lost: recreate "
                 "(README, High availability)",
                 reason="missing",
             )
@@ -272,7 +273,7 @@ class Source:
                 slot=self.config.source.slot,
             )
 
-    def _lost_reason(self, info: Any, state: SnapshotState) -> str | None:
+    def _lost_reason(self, info: Any) -> str | None:
         """Why the slot must be replaced (``source.on_slot_lost: recreate``), or None: it is
         invalidated, it is gone although cdcd streamed from it before, or a recreation did not
         finish (its reset events may not be durable: done again on a fresh slot)."""
@@ -280,7 +281,8 @@ class Source:
         if pending is not None:
             return pending
         if info is None:
-            return "missing" if state.path.exists() and not state.running() else None
+            history = streamed_before(self.config.snapshot.state_dir, self.config.source.slot)
+            return "missing" if history is not None else None
         if info.invalidated:
             return str(info.invalidation_reason or "wal_removed")
         return None

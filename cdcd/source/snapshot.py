@@ -80,6 +80,24 @@ def write_state(path: Path, data: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def incremental_state_path(state_dir: Path, slot: str) -> Path:
+    """Where the incremental snapshot keeps its progress (``cdcd.pipeline.incremental``)."""
+    return state_dir / f"{slot}.incremental.json"
+
+
+def streamed_before(state_dir: Path, slot: str) -> Path | None:
+    """The state file that shows cdcd streamed from ``slot`` before (a finished initial
+    snapshot, or the incremental snapshot's state), None when there is none or an initial
+    snapshot is still unfinished (then a new slot is expected)."""
+    snapshot = SnapshotState(state_dir, slot)
+    if snapshot.running():
+        return None
+    for path in (snapshot.path, incremental_state_path(state_dir, slot)):
+        if path.exists():
+            return path
+    return None
+
+
 class RecreateState:
     """``<state_dir>/<slot>.recreate.json``: a slot recreation (``source.on_slot_lost:
     recreate``) whose reset events are not durable in every sink yet. Written before the lost

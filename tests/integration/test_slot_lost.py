@@ -314,3 +314,39 @@ def test_recreate_after_idle_timeout(
     recreated = [e for e in _log_lines(log) if e.get("event") == "replication slot recreated"]
     assert recreated and recreated[0]["reason"] == "idle_timeout", recreated
     _assert_equal(tmp_path / "out", cluster, resets=1)
+
+
+def test_dropped_slot(tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster]) -> None:
+    """A slot dropped while cdcd was stopped, with ``snapshot.mode: incremental`` (whose state
+    file shows cdcd streamed from it): ``fail`` exits 3 naming it; ``recreate`` replaces it."""
+    cluster = _cluster(pg_cluster_factory)
+    cfg = _config(tmp_path, cluster, "fail", snapshot="incremental")
+    log = tmp_path / "cdcd.log"
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    try:
+        _wait(lambda: _backfilled(log, 1), 120, "the incremental snapshot", log)
+        assert _stop(proc) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    cluster.execute(f"SELECT pg_drop_replication_slot('{SLOT}')", DB)
+    _gap_changes(cluster, 1000)
+    failed = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
+    text = failed.stdout + failed.stderr
+    assert failed.returncode == 3, text
+    assert "no longer exists" in text and f"{SLOT}.incremental.json" in text, text
+
+    data = yaml.safe_load(cfg.read_text())
+    data["source"]["on_slot_lost"] = "recreate"
+    cfg.write_text(yaml.safe_dump(data))
+    log.write_text("")
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    try:
+        _wait(lambda: _backfilled(log, 1), 120, "the backfill", log)
+        assert _stop(proc) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    recreated = [e for e in _log_lines(log) if e.get("event") == "replication slot recreated"]
+    assert recreated and recreated[0]["reason"] == "missing", recreated
+    _assert_equal(tmp_path / "out", cluster, resets=1)
