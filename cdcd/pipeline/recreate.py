@@ -92,6 +92,12 @@ class SlotRecreator:
             records.append(ChangeRecord(point - 1, Truncate(None, 0, (rel.oid,)), (rel,)))
         names = [f"{t.relation.namespace}.{t.relation.name}" for t in tables]
         keyless = [n for t, n in zip(tables, names, strict=True) if not await _has_key(conn, t)]
+        # The new slot was created with confirmed_flush_lsn = point: the old slot's positions
+        # must not be reported to it (a status update below a slot's position is not refused
+        # by every server version). Confirming the point ahead of the reset's durability loses
+        # nothing: the server has nothing before it to resend, and RecreateState redoes the
+        # reset after a crash.
+        self.tracker.confirm(point)
         if records:
             if not self.tracker.queued(point):
                 raise DefiniteSourceError(
