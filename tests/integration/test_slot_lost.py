@@ -350,3 +350,45 @@ def test_dropped_slot(tmp_path: Path, pg_cluster_factory: Callable[..., PgCluste
     recreated = [e for e in _log_lines(log) if e.get("event") == "replication slot recreated"]
     assert recreated and recreated[0]["reason"] == "missing", recreated
     _assert_equal(tmp_path / "out", cluster, resets=1)
+
+
+def test_recreate_killed_midway(
+    tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster]
+) -> None:
+    """cdcd SIGKILLed just after it replaced the slot (the reset perhaps not durable yet): the
+    next start finds the recreation unfinished and does it again; the outcome is the same."""
+    cluster = _cluster(pg_cluster_factory)
+    cfg = _config(tmp_path, cluster, "recreate")
+    end = cluster.fetchval("SELECT pg_current_wal_lsn()::text")
+    run_cdcd("run", "--config", str(cfg), "--endpos", end)
+    _gap_changes(cluster, 1000)
+    _invalidate(cluster)
+    log = tmp_path / "cdcd.log"
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    try:
+        _wait(lambda: "replication slot recreated" in log.read_text(), 60, "the new slot", log)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        marker = tmp_path / "cdcd-state" / f"{SLOT}.recreate.json"
+        pending = marker.exists()
+        again = tmp_path / "cdcd-again.log"
+        proc = start_cdcd("run", "--config", str(cfg), log_path=again)
+        _wait(lambda: _backfilled(again, 1), 120, "the backfill", again)
+        assert _stop(proc) == 0, again.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    recreated = [
+        e
+        for path in (log, again)
+        for e in _log_lines(path)
+        if e.get("event") == "replication slot recreated"
+    ]
+    assert len(recreated) == (2 if pending else 1), (pending, recreated)
+    assert not marker.exists()
+    for table in TABLES:  # a reset that became durable before the kill is not taken back
+        resets = [e for e in checked_events(tmp_path / "out", table) if e["op"] == "t"]
+        assert 1 <= len(resets) <= len(recreated), resets
+        assert comparable(apply_events(checked_events(tmp_path / "out", table))) == _source(
+            cluster, table
+        )
