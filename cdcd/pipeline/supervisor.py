@@ -67,7 +67,7 @@ class Supervisor:
                 await self._session()
                 return  # endpos reached or stop requested
             except SlotLostError as exc:
-                if self.on_slot_lost is None:
+                if self.on_slot_lost is None or lost is not None:  # no policy, or it failed
                     raise
                 self.stats.connected = self.stats.streaming = False
                 await self.close_client()

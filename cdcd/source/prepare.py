@@ -294,15 +294,23 @@ class Source:
         written first, so an interruption from here until the reset is durable recreates the
         slot again at the next start."""
         src = self.config.source
-        RecreateState(self.config.snapshot.state_dir, src.slot).start(reason)
-        log.warning(
-            "replication slot lost; source.on_slot_lost is recreate: replacing it, then "
-            "resetting and backfilling every published table",
-            slot=src.slot,
-            reason=reason,
-        )
         client = await self.replication_client()
         try:
+            if client.in_hot_standby:
+                raise SlotLostError(
+                    f"replication slot {src.slot!r} is lost ({reason}) and cdcd is connected to "
+                    "a standby: on_slot_lost: recreate backfills with incremental snapshots, "
+                    "whose watermarks only the primary can write. Point cdcd at the primary, "
+                    "or drop the slot ('cdcd slot drop') and take a new initial snapshot",
+                    reason=reason,
+                )
+            RecreateState(self.config.snapshot.state_dir, src.slot).start(reason)
+            log.warning(
+                "replication slot lost; source.on_slot_lost is recreate: replacing it, then "
+                "resetting and backfilling every published table",
+                slot=src.slot,
+                reason=reason,
+            )
             try:
                 await client.drop_slot(src.slot)
             except DefiniteSourceError as exc:

@@ -608,6 +608,15 @@ def test_decoding_on_a_standby(tmp_path: Path, major: int) -> None:
         assert not pair.primary.fetch(
             f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
         )
+        # on_slot_lost: recreate cannot backfill from a standby: it says so, keeps its state
+        standby.execute(f"SELECT pg_drop_replication_slot('{SLOT}')", DB)
+        settings = yaml.safe_load(cfg.read_text())
+        settings["source"]["on_slot_lost"] = "recreate"
+        cfg.write_text(yaml.safe_dump(settings))
+        lost = run_cdcd("run", "--config", str(cfg), check=False)
+        assert lost.returncode == 3, lost.stdout + lost.stderr
+        assert "connected to a standby" in lost.stdout + lost.stderr
+        assert not (tmp_path / "cdcd-state" / f"{SLOT}.recreate.json").exists()
 
 
 def test_slot_lost_at_a_failover(tmp_path: Path, pair: PgPair) -> None:
