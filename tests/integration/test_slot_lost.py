@@ -10,7 +10,12 @@ follow them.
 * ``recreate``, the slot lost while cdcd is connected (the process stopped with SIGSTOP, so
   its walsender falls behind and is terminated by the invalidation): cdcd replaces it on the
   reconnect and goes on, same outcome;
+* ``recreate`` after 18's ``idle_replication_slot_timeout``, after a dropped slot
+  (``snapshot.mode: incremental``), with cdcd SIGKILLed right after it replaced the slot, and
+  with the Kafka sink (the tables rebuilt from the topics equal the source);
 * ``fail``: exit 3 with the reason and the advice, on every version.
+
+Every outcome is checked in the JSON Lines and the Parquet files.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from tests.e2e import (
     apply_events,
     checked_events,
     comparable,
+    consume_prefix,
     parquet_events,
+    position,
     run_cdcd,
     start_cdcd,
     write_config,
@@ -392,3 +399,54 @@ def test_recreate_killed_midway(
         assert comparable(apply_events(checked_events(tmp_path / "out", table))) == _source(
             cluster, table
         )
+
+
+async def test_recreate_with_kafka(
+    tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster], kafka_broker: Any
+) -> None:
+    """The reset and the backfill in Kafka too: every event the files have, and the tables
+    rebuilt from the topics equal the source."""
+    cluster = _cluster(pg_cluster_factory)
+    cfg = _config(tmp_path, cluster, "recreate")
+    name = f"rc{int(time.time() * 1000) % 10**9}"
+    data = yaml.safe_load(cfg.read_text())
+    data["name"] = name
+    data["sinks"].append(
+        {
+            "type": "kafka",
+            "bootstrap_servers": kafka_broker.bootstrap,
+            "idempotence": kafka_broker.supports_idempotence,
+        }
+    )
+    cfg.write_text(yaml.safe_dump(data))
+    end = cluster.fetchval("SELECT pg_current_wal_lsn()::text")
+    run_cdcd("run", "--config", str(cfg), "--endpos", end)
+    _gap_changes(cluster, 1000)
+    _invalidate(cluster)
+    log = tmp_path / "cdcd.log"
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    try:
+        _wait(lambda: _backfilled(log, 1), 120, "the backfill", log)
+        cluster.execute("DELETE FROM t WHERE id < 20; UPDATE u SET w = -w", DB)
+        time.sleep(1)
+        assert _stop(proc) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    end = cluster.fetchval("SELECT pg_current_wal_lsn()::text")
+    run_cdcd("run", "--config", str(cfg), "--endpos", end)
+    _assert_equal(tmp_path / "out", cluster, resets=1)
+    files = {table: checked_events(tmp_path / "out", table) for table in TABLES}
+    count = sum(len(e) + sum(1 for x in e if x["op"] == "d") for e in files.values())
+    records = await consume_prefix(kafka_broker.bootstrap, name, count)
+    for table in TABLES:
+        topic = f"{name}.{table}"
+        events = {}
+        for record in records[topic]:
+            if not record.is_tombstone:
+                events[record.position] = record.event()
+        assert set(events) == {position(e) for e in files[table]}, topic
+        resets = [e for e in events.values() if e["op"] == "t"]
+        assert len(resets) == 1 and resets[0]["source"]["snapshot"] == "reset", resets
+        rebuilt = comparable(apply_events(events.values()))
+        assert rebuilt == _source(cluster, table), topic
