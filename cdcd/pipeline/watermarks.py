@@ -124,6 +124,14 @@ class Watermarks:
         if self._chunks.get(chunk.id) is chunk:
             del self._chunks[chunk.id]
 
+    def abandon(self) -> None:
+        """Give up the chunks in flight (the slot was recreated: their watermarks may never come
+        back); the snapshot reads them again."""
+        chunks, self._chunks = self._chunks, {}
+        for chunk in chunks.values():
+            if not chunk.done.done():
+                chunk.done.set_result(ChunkResult(retry=True))
+
     def observe(self, txn: Transaction, mark: Message | None) -> Transaction | None:
         """The transaction to queue in place of ``txn`` (``txn`` itself, a snapshot chunk at
         a high watermark) or None to drop it (a watermark or signal). ``mark``: :func:`marker`
