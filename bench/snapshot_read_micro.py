@@ -74,7 +74,7 @@ async def _keyset(conn: Any, table: Any, chunk_rows: int, copy: bool = False) ->
     count = 0
     while True:
         if copy:
-            rows = await read_key_chunk(conn, table, keys, last, chunk_rows)
+            rows, _ = await read_key_chunk(conn, table, keys, last, chunk_rows)
             key = rows[-1].values[0].decode() if rows else None  # type: ignore[union-attr]
         else:
             records = await conn.fetch(chunk_sql(table, keys, last, chunk_rows))

@@ -39,7 +39,13 @@ from cdcd.decoder.events import TupleData
 from cdcd.errors import ConfigError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.watermarks import WATERMARK, Chunk, ChunkResult, Watermarks
+from cdcd.pipeline.watermarks import (
+    WATERMARK,
+    Chunk,
+    ChunkResult,
+    Watermarks,
+    parse_snapshot,
+)
 from cdcd.source import open_sql
 from cdcd.source.queries import emit_message
 from cdcd.source.snapshot import (
@@ -446,7 +452,7 @@ class IncrementalSnapshot:
             try:
                 await _watermark(conn, chunk.id, "low")
                 try:
-                    rows = await read_key_chunk(
+                    rows, snapshot = await read_key_chunk(
                         conn, table, keys, after, self.config.snapshot.chunk_rows, upto
                     )
                 except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
@@ -456,6 +462,7 @@ class IncrementalSnapshot:
                         return None
                     current[0] = latest
                     continue
+                chunk.snapshot = parse_snapshot(snapshot)
                 chunk.rows = rows
                 await _watermark(conn, chunk.id, "high")
                 result = await chunk.done

@@ -363,14 +363,17 @@ async def read_key_chunk(
     after: list[str] | None,
     limit: int,
     upto: list[str] | None = None,
-) -> list[TupleData]:
+) -> tuple[list[TupleData], str]:
     """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (README "Initial
-    snapshot": faster than a SELECT)."""
+    snapshot": faster than a SELECT), and the snapshot it was read at (``pg_current_snapshot()``:
+    the watermarks drop rows of transactions it does not see, :mod:`cdcd.pipeline.watermarks`)."""
     rows: list[TupleData] = []
 
     async def take(batch: list[TupleData], _size: int) -> None:
         rows.extend(batch)
 
     sql = chunk_sql(table, keys, after, limit, upto)
-    await copy_query(conn, sql, len(table.relation.columns), take, limit)
-    return rows
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        snapshot = await conn.fetchval("SELECT pg_current_snapshot()::text")
+        await copy_query(conn, sql, len(table.relation.columns), take, limit)
+    return rows, str(snapshot)
