@@ -176,17 +176,15 @@ def test_parallel_snapshot_under_a_workload(pg_db: PgDatabase, tmp_path: Path) -
 def test_kill_during_a_parallel_snapshot(pg_db: PgDatabase, tmp_path: Path) -> None:
     _setup(pg_db)
     cfg = _config(tmp_path, pg_db.dsn)
-    data = yaml.safe_load(cfg.read_text())
-    data["sinks"][0]["flush_interval"] = 0.05  # files appear while the snapshot is read
-    cfg.write_text(yaml.safe_dump(data))
     log = tmp_path / "cdcd.log"
     proc = start_cdcd("run", "--config", str(cfg), log_path=log)
     try:
         deadline = time.monotonic() + 60
-        while not list((tmp_path / "out").glob("public.big/*.jsonl")):
+        while not _log_lines(log, "initial snapshot starting"):
             assert proc.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, "no snapshot file written"
-            time.sleep(0.02)
+            assert time.monotonic() < deadline, "the snapshot did not start"
+            time.sleep(0.01)
+        time.sleep(0.15)  # the workers are reading (the whole snapshot takes about a second)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
