@@ -25,6 +25,11 @@ from cdcd.source.snapshot import primary_key, published_tables
 async def request_async(config: Config, tables: list[str], out: TextIO = sys.stdout) -> int:
     """Check every table (published, with a key), then write the signal."""
     names = [t if "." in t else f"public.{t}" for t in tables]
+    if not config.source.messages:
+        raise DefiniteSourceError(
+            "cdcd snapshot --table: source.messages is off, so the daemon would never see the "
+            "request (a logical message) nor the snapshot's watermarks (turn it on)"
+        )
     conn = await open_sql(conn_params(config), config.source.connect_timeout)
     try:
         published = {

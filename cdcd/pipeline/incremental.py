@@ -296,7 +296,10 @@ class IncrementalSnapshot:
             return
         key_cols = await primary_key(conn, table.relation.oid)
         problem = (
-            "source.binary is on: incremental snapshots compare keys as text (turn it off)"
+            "source.messages is off: the watermarks are logical messages the stream must carry "
+            "(turn it on)"
+            if not self.config.source.messages
+            else "source.binary is on: incremental snapshots compare keys as text (turn it off)"
             if self.config.source.binary
             else None
             if key_cols

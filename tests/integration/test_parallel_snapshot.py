@@ -305,3 +305,32 @@ def test_incremental_snapshot_with_workers(pg_db: PgDatabase, tmp_path: Path) ->
     assert any(
         e.get("event") == "incremental snapshot of table" and e.get("resumed_after") for e in lines
     )
+
+
+def test_incremental_snapshot_without_messages_is_refused(
+    pg_db: PgDatabase, tmp_path: Path
+) -> None:
+    """The watermarks are logical messages: with ``source.messages: false`` the stream would
+    never carry them back and the snapshot would wait forever; it is refused, naming why."""
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1), (2)")
+    cfg = write_config(tmp_path, pg_db.dsn, snapshot="incremental", messages=False)
+    log = tmp_path / "cdcd.log"
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    state = tmp_path / "cdcd-state" / "cdcd_e2e.incremental.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not (state.exists() and "skipped" in state.read_text()):
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the table was not refused"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    (refused,) = [
+        e
+        for e in map(json.loads, log.read_text().splitlines())
+        if e.get("table") == "public.t" and "not snapshotted" in e["event"]
+    ]
+    assert "source.messages is off" in refused["event"], refused
+    asked = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.t", check=False)
+    assert asked.returncode != 0 and "source.messages is off" in asked.stdout + asked.stderr
