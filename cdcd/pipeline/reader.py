@@ -256,6 +256,12 @@ class Reader:
             txn.begins = txn.begins and handing.handed == 0
         start = handing.seen
         handing.seen += txn.size
+        if start == 0 and handing.handed:
+            log.info(
+                "transaction resent after a reconnect: dropping the changes handed before",
+                commit_lsn=format_lsn(handing.commit_lsn),
+                handed=handing.handed,
+            )
         txn.drop_first(handing.handed - start)
         handing.handed = max(handing.handed, handing.seen)
         if txn.ends:
