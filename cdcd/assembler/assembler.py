@@ -558,12 +558,7 @@ class Assembler:
             buf.spill = None
 
     def _release(
-        self,
-        buf: _Buffer,
-        kind: TransactionKind,
-        commit_lsn: int,
-        end_lsn: int,
-        commit_time: int,
+        self, buf: _Buffer, kind: TransactionKind, commit_lsn: int, end_lsn: int, commit_time: int
     ) -> Transaction:
         self._buffered -= buf.mem_bytes
         txn = Transaction(
@@ -594,13 +589,9 @@ class Assembler:
         return txn
 
     def _release_part(self, buf: _Buffer) -> Transaction:
-        """The changes buffered so far of the regular transaction ``buf``, as a part; ``buf``
-        goes on, empty (a part that had spilled is read back from its file)."""
+        """The changes buffered so far of the regular transaction ``buf`` (decoded records: a
+        parting buffer never compacts, and one that spilled holds no memory), as a part."""
         part = self._release(buf, "regular", buf.final_lsn, 0, buf.commit_time)
         part.ends = False
-        buf.parted = buf.count
-        buf.mem_bytes = 0
-        buf.records = []
-        buf.raws = []
-        buf.spill = None
+        buf.parted, buf.mem_bytes, buf.records, buf.raws = buf.count, 0, [], []
         return part
