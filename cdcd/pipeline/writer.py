@@ -370,6 +370,9 @@ class Writer:
             if kind == _PART:
                 if window.advance(i):
                     self._progress.set()
+                # let the loop read the socket between parts: the server keeps sending while
+                # the sinks work through a transaction still arriving
+                await asyncio.sleep(0)
                 continue
             t0 = time.perf_counter()
             method = write if kind == _WRITE else sink.begin if kind == _BEGIN else sink.commit
