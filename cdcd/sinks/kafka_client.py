@@ -16,11 +16,11 @@ from cdcd.units import ByteSize, Duration
 
 MiB = 1024 * 1024
 
-# A record as handed to a batch, kept for replays and error messages:
-# (key, value, headers, timestamp_ms, where); ``where`` is an event's
-# (commit_lsn, seq, lsn, suffix) or a marker's text, formatted only for an error message.
+# A record as handed to a batch, kept for replays: (key, value, headers, timestamp_ms).
+Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]
+# Where a record came from: an event's (commit_lsn, seq, lsn, suffix) or a marker's text,
+# formatted only for an error message.
 Where = tuple[int, int, int, str] | str
-Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int, Where]
 
 
 def where_text(where: Where) -> str:
@@ -119,13 +119,15 @@ def translate_error(
     *,
     topic: str | None = None,
     record: Record | None = None,
+    where: Where | None = None,
     starting: bool = False,
 ) -> SinkError:
     """The one place aiokafka's exceptions become cdcd's (:mod:`cdcd.errors`): definite or
-    transient, naming the topic and the record (``record``: the failing one, a batch's first)."""
+    transient, naming the topic and the record (``record``: the failing one, a batch's first;
+    ``where`` it came from)."""
     if isinstance(exc, SinkError):
         return exc
-    where = f" at {where_text(record[4])}" if record is not None and record[4] else ""
+    at = f" at {where_text(where)}" if where else ""
     if isinstance(exc, kerrors.MessageSizeTooLargeError | kerrors.RecordListTooLargeError):
         size: int | str = "?"
         key = None
@@ -135,22 +137,22 @@ def translate_error(
         return DefiniteSinkError(
             f"kafka: record for topic {topic!r} with key {key} is about {size} bytes, more "
             f"than max_request_size ({config.max_request_size}) or the broker's limit"
-            f"{where}: raise sinks.kafka.max_request_size and the topic's max.message.bytes "
+            f"{at}: raise sinks.kafka.max_request_size and the topic's max.message.bytes "
             f"({exc})"
         )
     if isinstance(
         exc, kerrors.TopicAuthorizationFailedError | kerrors.ClusterAuthorizationFailedError
     ):
         return DefiniteSinkError(
-            f"kafka: not authorized for topic {topic!r}{where}: grant the principal write "
+            f"kafka: not authorized for topic {topic!r}{at}: grant the principal write "
             f"(and create, with create_topics) on it ({exc!r})"
         )
     if isinstance(exc, kerrors.UnknownTopicOrPartitionError) and not config.create_topics:
         return DefiniteSinkError(
-            f"kafka: topic {topic!r} does not exist and create_topics is false{where}"
+            f"kafka: topic {topic!r} does not exist and create_topics is false{at}"
         )
     if isinstance(exc, kerrors.InvalidTopicError):
-        return DefiniteSinkError(f"kafka: invalid topic name {topic!r}{where} ({exc!r})")
+        return DefiniteSinkError(f"kafka: invalid topic name {topic!r}{at} ({exc!r})")
     if (
         starting
         and config.idempotence
@@ -165,5 +167,5 @@ def translate_error(
     if isinstance(
         exc, kerrors.KafkaTimeoutError | kerrors.KafkaConnectionError | TimeoutError | OSError
     ) or (isinstance(exc, kerrors.KafkaError) and exc.retriable):
-        return TransientSinkError(f"kafka: {bootstrap}: {exc!r}{where}")
-    return DefiniteSinkError(f"kafka: {exc!r}{where} (topic {topic!r})")
+        return TransientSinkError(f"kafka: {bootstrap}: {exc!r}{at}")
+    return DefiniteSinkError(f"kafka: {exc!r}{at} (topic {topic!r})")
