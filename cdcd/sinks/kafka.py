@@ -78,13 +78,13 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from cdcd.errors import ConfigError, DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
 from cdcd.sinks.kafka_batches import Batch, Batches
 from cdcd.sinks.kafka_client import (
+    BuiltBatch,
     KafkaSinkConfig,
     Record,
     Where,
@@ -92,6 +92,7 @@ from cdcd.sinks.kafka_client import (
     compression_available,
     translate_error,
 )
+from cdcd.sinks.kafka_recordbatch import CODECS, encode_headers, record_size
 
 if TYPE_CHECKING:
     from cdcd.assembler.transaction import Transaction
@@ -128,6 +129,7 @@ class KafkaSink(Sink):
             routing=config.routing,
             tombstones=config.tombstones,
             count_tables=config.transaction_topic,
+            max_batch_size=config.max_batch_size,
             max_request_size=config.max_request_size,
             check_size=self._check_size,
         )
@@ -189,7 +191,6 @@ class KafkaSink(Sink):
                 delay = min(delay * 2, 10.0)
                 continue
             self._producer, self._admin = producer, admin
-            self._batches.create_batch = producer.create_batch
             self._submitter = asyncio.get_running_loop().create_task(self._submit_loop())
             log.info("kafka_connected", bootstrap=self._bootstrap(), prefix=self.prefix)
             return
@@ -302,22 +303,23 @@ class KafkaSink(Sink):
             value["data_collections"] = [
                 {"data_collection": name, "event_count": count} for name, count in counts.items()
             ]
-        headers = [
-            ("cdcd.commit_lsn", str(txn.commit_lsn).encode()),
-            ("cdcd.xid", str(txn.xid).encode()),
-        ]
+        headers = encode_headers(
+            [("cdcd.commit_lsn", b"%d" % txn.commit_lsn), ("cdcd.xid", b"%d" % txn.xid)]
+        )
         where = f"transaction {txn_id} {status}"
         if self.transaction_topic not in self._partitions:
             await self._prepare_topic(self.transaction_topic, where)
-        record = (orjson.dumps({"id": txn_id}), orjson.dumps(value), headers, value["ts_ms"])
-        self._batches.add(self.transaction_topic, record, where)
+        key, ts = orjson.dumps({"id": txn_id}), value["ts_ms"]
+        self._batches.add(
+            self.transaction_topic, ts, key, orjson.dumps(value), headers, -1, b"", 2, where
+        )
         await self._wait_for_room()
 
     # --- batches and the window ----------------------------------------------------------------
 
-    def _check_size(self, topic: str, record: Record, where: Where) -> None:
-        key, value, headers, _ = record
-        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+    def _check_size(self, topic: str, record: Record, headers: bytes, where: Where) -> None:
+        key, value = record
+        size = record_size(key, value, headers)
         if size > self.config.max_request_size:
             error = kerrors.MessageSizeTooLargeError(size)
             err = self._translate(error, topic=topic, record=record, where=where)
@@ -383,8 +385,9 @@ class KafkaSink(Sink):
             try:
                 if batch.topic not in self._partitions:
                     await self._learn_topic(batch.topic)
+                built = BuiltBatch(batch.records, CODECS[self.config.compression])
                 future = await self._producer.send_batch(
-                    batch.builder, batch.topic, partition=batch.partition
+                    built, batch.topic, partition=batch.partition
                 )
             except Exception as exc:
                 err = self._translate(exc, topic=batch.topic, batch=batch)
@@ -400,7 +403,7 @@ class KafkaSink(Sink):
                 continue
             batch.future = future
             future.add_done_callback(self._on_delivery)
-            self._stats["records_sent"] += len(batch.records)
+            self._stats["records_sent"] += batch.records.count
             return
 
     async def _prepare_topic(self, topic: str, where: Where) -> None:
@@ -458,9 +461,9 @@ class KafkaSink(Sink):
                 if exc is not None:
                     self._delivery_failed(head, exc)
                     break
-                self._batches.window_records -= len(head.records)
+                self._batches.window_records -= head.records.count
                 self._batches.window_bytes -= head.size
-                self._stats["records_acked"] += len(head.records)
+                self._stats["records_acked"] += head.records.count
             window.popleft()
             moved = True
         if moved:
@@ -490,7 +493,6 @@ class KafkaSink(Sink):
                 for batch in handed:
                     batch.future = None
                 for batch in handed:
-                    batch.rebuild(self._producer.create_batch())
                     await self._submit(batch)
         except Exception as exc:  # a bug; make it visible to the pipeline
             self._failure = DefiniteSinkError(f"kafka: replay failed: {exc!r}")
@@ -515,7 +517,7 @@ class KafkaSink(Sink):
     ) -> SinkError:
         """aiokafka's exception as cdcd's; ``batch``: the failing one (its first record)."""
         if batch is not None:
-            record, where = batch.records[0] if batch.records else None, batch.where
+            where = batch.where
         return translate_error(
             exc,
             self.config,

@@ -5,12 +5,12 @@ Compiled with mypyc (``cdcd/_purepy.py``), as the sink's only per-record code: t
 (:mod:`cdcd.sinks.kafka`) hands whole lists of events to :meth:`Batches.add_events` and does
 only per-batch work itself (handing batches over, acknowledgements, replays, failures).
 
-A record is ``(key, value, headers, timestamp_ms)``; the headers list of a record shares its
-tuples with the other records of its transaction except ``cdcd.seq`` (and a key change's link
-header). A batch remembers where its first record came from (``Batch.where``) for error
-messages; a record that may be too large is checked as it is added (``check_size``).
-Records go into aiokafka's ``BatchBuilder`` through its public ``append``; each batch keeps its
-records for a replay (:meth:`cdcd.sinks.kafka.KafkaSink._replay`).
+Records are written straight into their batch's buffer
+(:class:`cdcd.sinks.kafka_recordbatch.RecordBatch`): no object is kept per record, and the
+headers a transaction's records share are encoded once per transaction. A batch keeps its
+buffer until the broker acknowledged it, for a replay (:meth:`cdcd.sinks.kafka.KafkaSink._replay`),
+and remembers where its first record came from (``Batch.where``) for error messages; a record
+that may be too large is checked as it is added (``check_size``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from cdcd.events import ChangeEvent
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.kafka_client import Record, Where
 from cdcd.sinks.kafka_partition import partition_for
+from cdcd.sinks.kafka_recordbatch import RecordBatch, encode_headers
 
 RECORD_OVERHEAD = 64  # what a record counts for buffer_bytes beyond its key and value
 
-_OP_HEADERS = {op: ("cdcd.op", op.encode()) for op in "crudtm"}
+_OP_HEADERS = {op: encode_headers([("cdcd.op", op.encode())]) for op in "crudtm"}
 #: the header naming the other key of a key change, by the source field that holds it
 _LINK_HEADERS = {"new_key": "__debezium.newkey", "old_key": "__debezium.oldkey"}
 
@@ -44,34 +45,18 @@ def where_of(source: ChangeEvent | str, suffix: str = "") -> Where:
 
 
 class Batch:
-    """Records for one topic-partition, sent to the broker as one record batch.
+    """Records for one topic-partition, sent to the broker as one record batch. ``future``
+    is set once the batch is handed to the producer (``send_batch``) and resolves when the
+    broker acknowledged all of it."""
 
-    ``builder`` is aiokafka's ``BatchBuilder``; ``future`` is set once the batch is handed to
-    the producer (``send_batch``) and resolves when the broker acknowledged all of it."""
-
-    def __init__(self, topic: str, partition: int, builder: Any, where: Where) -> None:
+    def __init__(self, topic: str, partition: int, max_size: int, where: Where) -> None:
         self.topic = topic
         self.partition = partition
-        self.builder = builder
+        self.records = RecordBatch(max_size)
         self.where = where  # of the first record
-        self.records: list[Record] = []
-        self.size = 0
+        self.size = 0  # what its records count for buffer_bytes
         self.future: asyncio.Future[Any] | None = None
         self.error: SinkError | None = None  # handing it to the producer failed definitely
-
-    def add(self, record: Record) -> bool:
-        """Append one record to the builder; False when it is full (aiokafka's public
-        ``BatchBuilder.append``: its internals are not relied on)."""
-        key, value, headers, ts = record
-        return self.builder.append(timestamp=ts, key=key, value=value, headers=headers) is not None
-
-    def rebuild(self, builder: Any) -> None:
-        """Put the same records into a fresh builder (a replay)."""
-        self.builder = builder
-        self.future = None
-        for record in self.records:
-            added = self.add(record)
-            assert added, "a replayed batch holds what it held before"
 
 
 class Batches:
@@ -87,17 +72,18 @@ class Batches:
         routing: dict[str, str],
         tombstones: bool,
         count_tables: bool,
+        max_batch_size: int,
         max_request_size: int,
-        check_size: Callable[[str, Record, Where], None],
+        check_size: Callable[[str, Record, bytes, Where], None],
     ) -> None:
         self.prefix = prefix
         self.message_topic = message_topic
         self.routing = routing
         self.tombstones = tombstones
         self.count_tables = count_tables
+        self.max_batch_size = max_batch_size
         self.max_request_size = max_request_size
         self.check_size = check_size  # raises when the record is too large
-        self.create_batch: Callable[[], Any] | None = None  # the producer's, once started
         self.partitions: dict[str, list[int]] = {}  # known topics: their partitions, sorted
         # by (schema, table): (topic, "schema.table"); (None, None): (message topic, None)
         self.topics: dict[tuple[str | None, str | None], tuple[str, str | None]] = {}
@@ -113,8 +99,10 @@ class Batches:
         self.missing_topic: str | None = None  # add_events stopped to have this one prepared
         self.txn_counts: dict[str, int] = {}  # events per "schema.table" in this transaction
         self._txn_commit_lsn = -1  # the transaction whose header values are cached below
-        self._lsn_header: tuple[str, bytes] = ("cdcd.commit_lsn", b"")
-        self._xid_header: tuple[str, bytes] | None = None
+        self._head = b""  # the commit_lsn header, encoded
+        self._tails: dict[str, bytes] = {}  # by op: the xid and op headers, encoded
+        self._xid: int | None = None
+        self._header_count = 0  # commit_lsn, seq, [xid], op
         self._ts = 0
 
     def full(self) -> bool:
@@ -146,30 +134,43 @@ class Batches:
                 self._cache_txn_headers(event)
             op = event.op
             seq = event.seq
-            headers = [self._lsn_header, ("cdcd.seq", b"%d" % seq)]
-            xid_header = self._xid_header
-            if xid_header is not None:
-                headers.append(xid_header)
-            op_header = _OP_HEADERS.get(op)
-            headers.append(op_header if op_header is not None else ("cdcd.op", op.encode()))
+            tail = self._tails.get(op)
+            if tail is None:
+                tail = self._tail_for(op)
+            header_count = self._header_count
             if op == "d" or op == "c":
                 link = event.key_link()
                 if link is not None:  # a key change: Debezium's header linking the pair
-                    headers.append((_LINK_HEADERS[link[0]], orjson.dumps(link[1])))
+                    header = (_LINK_HEADERS[link[0]], orjson.dumps(link[1]))
+                    tail += encode_headers([header])
+                    header_count += 1
             key = event.key_json()  # {"prefix": ...} for logical messages
             ts = self._ts
-            self.add(topic, (key, event.value_json(), headers, ts), event)
+            head = self._head
+            self.add(topic, ts, key, event.value_json(), head, seq, tail, header_count, event)
             if op == "d" and key is not None and tombstones:
-                self.add(topic, (key, None, headers, ts), event, " tombstone")
+                self.add(topic, ts, key, None, head, seq, tail, header_count, event, " tombstone")
             i += 1
             if self.window_records >= self.record_limit or self.window_bytes >= self.byte_limit:
                 break
         return i
 
-    def add(self, topic: str, record: Record, source: ChangeEvent | str, suffix: str = "") -> None:
+    def add(
+        self,
+        topic: str,
+        ts: int,
+        key: bytes | None,
+        value: bytes | None,
+        head: bytes,
+        seq: int,
+        tail: bytes,
+        header_count: int,
+        source: ChangeEvent | str,
+        suffix: str = "",
+    ) -> None:
         """Append one record to its partition's open batch (Kafka's default partitioning).
-        ``source``: the event the record is made of, or a marker's description."""
-        key, value, _, _ = record
+        Headers as :meth:`RecordBatch.append` takes them; ``source``: the event the record is
+        made of, or a marker's description."""
         partitions = self.partitions[topic]
         if key is None:
             partition = random.choice(partitions)
@@ -183,26 +184,23 @@ class Batches:
         if value is not None:
             size += len(value)
         if size + 1024 > self.max_request_size:  # Kafka's estimate adds < 1 KiB
-            self.check_size(topic, record, where_of(source, suffix))
+            self.check_size(topic, (key, value), head + tail, where_of(source, suffix))
         tp = (topic, partition)
         batch = self.open.get(tp)
         if batch is None:
             batch = self._new_batch(topic, partition, where_of(source, suffix))
-        if not batch.add(record):
+        if not batch.records.append(ts, key, value, head, seq, tail, header_count):
             del self.open[tp]  # full: hand it over, start the next one
             self.ready.append(batch)
             self.wake.set()
             batch = self._new_batch(topic, partition, where_of(source, suffix))
-            batch.add(record)
-        batch.records.append(record)
+            batch.records.append(ts, key, value, head, seq, tail, header_count)
         batch.size += size
         self.window_records += 1
         self.window_bytes += size
 
     def _new_batch(self, topic: str, partition: int, where: Where) -> Batch:
-        create = self.create_batch
-        assert create is not None, "KafkaSink.start() was not called"
-        batch = Batch(topic, partition, create(), where)
+        batch = Batch(topic, partition, self.max_batch_size, where)
         if not self.open:
             self.open_since = asyncio.get_running_loop().time()
             self.wake.set()
@@ -223,9 +221,22 @@ class Batches:
         return route
 
     def _cache_txn_headers(self, event: ChangeEvent) -> None:
-        """The header tuples and timestamp every record of the event's transaction shares."""
+        """The headers and timestamp every record of the event's transaction shares."""
         self._txn_commit_lsn = event.commit_lsn
-        xid = event.xid
-        self._xid_header = None if xid is None else ("cdcd.xid", b"%d" % xid)
-        self._lsn_header = ("cdcd.commit_lsn", b"%d" % event.commit_lsn)
+        self._head = encode_headers([("cdcd.commit_lsn", b"%d" % event.commit_lsn)])
+        self._tails = {}
+        self._xid = event.xid
+        self._header_count = 3 if event.xid is None else 4
         self._ts = pg_to_unix_us(event.commit_time) // 1000
+
+    def _tail_for(self, op: str) -> bytes:
+        """The xid header (left out without an xid) and the op header, encoded."""
+        op_header = _OP_HEADERS.get(op)
+        if op_header is None:
+            op_header = encode_headers([("cdcd.op", op.encode())])
+        xid = self._xid
+        tail = op_header
+        if xid is not None:
+            tail = encode_headers([("cdcd.xid", b"%d" % xid)]) + op_header
+        self._tails[op] = tail
+        return tail

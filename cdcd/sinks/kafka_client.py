@@ -1,5 +1,6 @@
-"""The Kafka sink's configuration and its aiokafka-facing parts: connection arguments and the
-one place that translates aiokafka's exceptions (README "Kafka sink")."""
+"""The Kafka sink's configuration and its aiokafka-facing parts: connection arguments, the
+hand-over of record batches built by the sink, and the one place that translates aiokafka's
+exceptions (README "Kafka sink")."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, Literal
 
 from aiokafka import errors as kerrors
 from aiokafka.helpers import create_ssl_context
+from aiokafka.producer.message_accumulator import BatchBuilder
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
@@ -16,8 +18,8 @@ from cdcd.units import ByteSize, Duration
 
 MiB = 1024 * 1024
 
-# A record as handed to a batch, kept for replays: (key, value, headers, timestamp_ms).
-Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int]
+# A record's key and value, for error messages.
+Record = tuple[bytes | None, bytes | None]
 # Where a record came from: an event's (commit_lsn, seq, lsn, suffix) or a marker's text,
 # formatted only for an error message.
 Where = tuple[int, int, int, str] | str
@@ -42,6 +44,48 @@ def compression_available(codec: str) -> bool:
         "snappy": kcodec.has_snappy,
     }
     return bool(checks[codec]())
+
+
+class BuiltBatch(BatchBuilder):  # type: ignore[misc]
+    """A record batch the sink built (``RecordBatch`` of :mod:`cdcd.sinks.kafka_recordbatch`),
+    handed to ``AIOKafkaProducer.send_batch`` in place of a ``BatchBuilder`` it filled.
+
+    aiokafka asks a batch for ``record_count()``, ``closed()``, ``close()``, and at send time
+    ``_set_producer_state(...)`` (the idempotent producer's id, epoch and sequence, written
+    into the header) and ``_build()`` (the bytes); this is all of that, for any aiokafka from
+    0.8 on (``send_batch``'s contract). One is made per hand-over: a replay builds again."""
+
+    def __init__(self, records: Any, codec: int) -> None:  # no BatchBuilder.__init__: no
+        self._records = records  # aiokafka builder behind it
+        self._codec = codec
+        self._state = (-1, -1, -1)
+        self._buffer: bytes | None = None
+        self._closed = True
+
+    def append(self, *, timestamp: Any, key: Any, value: Any, headers: Any = ()) -> None:
+        return None  # closed: the sink writes records into its own batch
+
+    def close(self) -> None:
+        pass
+
+    def closed(self) -> bool:
+        return True
+
+    def _set_producer_state(
+        self, producer_id: int, producer_epoch: int, base_sequence: int
+    ) -> None:
+        self._state = (producer_id, producer_epoch, base_sequence)
+
+    def _build(self) -> bytes:
+        if self._buffer is None:
+            self._buffer = self._records.build(self._codec, *self._state)
+        return self._buffer
+
+    def size(self) -> int:
+        return len(self._buffer) if self._buffer is not None else int(self._records.size())
+
+    def record_count(self) -> int:
+        return int(self._records.count)
 
 
 class KafkaSinkConfig(BaseModel):
