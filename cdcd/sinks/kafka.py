@@ -21,13 +21,15 @@ Logical decoding messages go to ``<prefix>.message`` keyed by ``{"prefix": <mess
 ``<prefix>.transaction`` keyed by ``{"id": "<xid>:<commit_lsn>"}``; END carries
 ``event_count`` and per-table ``data_collections`` counts (logical messages not counted).
 
-Batches. The sink builds Kafka record batches itself, one open batch per topic-partition
-(aiokafka's ``create_batch``/``send_batch``), instead of one ``send()`` per record: that path
-costs a coroutine, a future and a partitioner call per record. The per-record work (records
-made of events, added to batches) is :mod:`cdcd.sinks.kafka_batches`, compiled with mypyc. A record's partition is what
-Kafka's default partitioner gives its key (:mod:`cdcd.sinks.kafka_partition`: murmur2 of the
-key bytes, made positive, modulo the topic's partition count, learnt once per topic); a keyless
-record goes to a random partition. A batch is closed when the next record does not fit in
+Batches. The sink builds Kafka record batches itself, one open batch per topic-partition, and
+hands each to aiokafka whole (``send_batch``), instead of one ``send()`` per record: that path
+costs a coroutine, a future and a partitioner call per record. The per-record work is compiled
+with mypyc: :mod:`cdcd.sinks.kafka_batches` makes records of events and picks their batch,
+:mod:`cdcd.sinks.kafka_recordbatch` writes them into the batch's buffer in Kafka's record
+format (v2), compressed and checksummed when the batch is sent; no object is kept per record.
+A record's partition is what Kafka's default partitioner gives its key
+(:mod:`cdcd.sinks.kafka_partition`: murmur2 of the key bytes, made positive, modulo the topic's
+partition count, learnt once per topic); a keyless record goes to a random partition. A batch is closed when the next record does not fit in
 ``max_batch_size`` (a larger record goes alone in its batch). One submitter task hands batches
 to the producer in the order they were closed: closed ones at once, open ones ``linger_ms``
 after the oldest was started (at once while ``flush`` waits). ``send_batch`` waits while the
@@ -51,8 +53,8 @@ by the broker (``acks: all`` by default); passing a transaction end marks that t
 ``end_lsn`` durable. Every record of a transaction sits in a batch started before its end, so
 ``durable_lsn`` never passes a transaction with an unacknowledged record, nor one after it. The
 window is bounded by ``buffer_records`` and ``buffer_bytes`` (key and value bytes plus 64 per
-record; what a record really holds in memory is about three times that, which is what
-``buffered_bytes`` reports; ``buffer_bytes`` is lowered to a third of the sink's
+record; a batch's buffer, grown by doubling, holds up to twice its records' bytes, and
+``buffered_bytes`` reports three times the counted bytes; ``buffer_bytes`` is lowered to a third of the sink's
 ``memory_budget``, its share of ``buffer.memory_limit``, when that is smaller): ``write`` waits for
 acknowledgements beyond them, which blocks the pipeline while the broker is away instead of
 growing memory.
