@@ -13,14 +13,13 @@ import json
 import sys
 from typing import TextIO
 
-import asyncpg
-
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
-from cdcd.pipeline.incremental import IncrementalState, primary_key
+from cdcd.pipeline.incremental import IncrementalState
 from cdcd.pipeline.watermarks import SIGNAL
-from cdcd.snapshot import published_tables
 from cdcd.source import conn_params, open_sql
+from cdcd.source.queries import emit_message
+from cdcd.source.snapshot import primary_key, published_tables
 
 
 async def request_async(config: Config, tables: list[str], out: TextIO = sys.stdout) -> int:
@@ -44,18 +43,9 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
                     f"--table {name}: has no primary key; incremental snapshots read tables in "
                     "key order (add a primary key)"
                 )
-        try:
-            lsn = await conn.fetchval(
-                "SELECT pg_logical_emit_message(true, $1, $2)::text",
-                SIGNAL,
-                json.dumps({"tables": names}),
-            )
-        except asyncpg.InsufficientPrivilegeError as exc:
-            raise DefiniteSourceError(
-                f"{exc}: the request is a logical message; GRANT EXECUTE ON FUNCTION "
-                "pg_logical_emit_message(boolean, text, text) TO the role (17+: (boolean, text, "
-                "text, boolean); cdcd check shows the signature)"
-            ) from exc
+        lsn = await emit_message(
+            conn, SIGNAL, json.dumps({"tables": names}), "cdcd snapshot --table"
+        )
     finally:
         await conn.close()
     out.write(f"requested a snapshot of {', '.join(names)} (signal at {lsn})\n")
