@@ -19,7 +19,7 @@ import asyncio
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -28,13 +28,15 @@ from cdcd.events import ChangeEvent
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.kafka_client import Record, Where
 from cdcd.sinks.kafka_partition import partition_for
-from cdcd.sinks.kafka_recordbatch import RecordBatch, encode_headers
+from cdcd.sinks.kafka_recordbatch import RecordBatch, encode_headers, header, header_name
 
-RECORD_OVERHEAD = 64  # what a record counts for buffer_bytes beyond its key and value
+RECORD_OVERHEAD: Final = 64  # what a record counts for buffer_bytes beyond its key and value
 
-_OP_HEADERS = {op: encode_headers([("cdcd.op", op.encode())]) for op in "crudtm"}
+_OP_HEADERS: Final = {op: encode_headers([("cdcd.op", op.encode())]) for op in "crudtm"}
+_LSN_NAME: Final = header_name("cdcd.commit_lsn")
+_XID_NAME: Final = header_name("cdcd.xid")
 #: the header naming the other key of a key change, by the source field that holds it
-_LINK_HEADERS = {"new_key": "__debezium.newkey", "old_key": "__debezium.oldkey"}
+_LINK_HEADERS: Final = {"new_key": "__debezium.newkey", "old_key": "__debezium.oldkey"}
 
 
 def where_of(source: ChangeEvent | str, suffix: str = "") -> Where:
@@ -223,7 +225,7 @@ class Batches:
     def _cache_txn_headers(self, event: ChangeEvent) -> None:
         """The headers and timestamp every record of the event's transaction shares."""
         self._txn_commit_lsn = event.commit_lsn
-        self._head = encode_headers([("cdcd.commit_lsn", b"%d" % event.commit_lsn)])
+        self._head = header(_LSN_NAME, b"%d" % event.commit_lsn)
         self._tails = {}
         self._xid = event.xid
         self._header_count = 3 if event.xid is None else 4
@@ -237,6 +239,6 @@ class Batches:
         xid = self._xid
         tail = op_header
         if xid is not None:
-            tail = encode_headers([("cdcd.xid", b"%d" % xid)]) + op_header
+            tail = header(_XID_NAME, b"%d" % xid) + op_header
         self._tails[op] = tail
         return tail

@@ -27,18 +27,19 @@ transaction's records share once, and :meth:`RecordBatch.append` writes the per-
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from aiokafka.record.util import calc_crc32c
 
-HEADER_SIZE = 61
-_HEADER = struct.Struct(">qiibIhiqqqhii")
-_ATTRIBUTES_OFFSET = 21  # the CRC covers the batch from here on
-_CRC = struct.Struct(">I")
-CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-_SEQ_KEY = b"\x10cdcd.seq"  # keyLength varint (8) and the key of the cdcd.seq header
+HEADER_SIZE: Final = 61
+_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
+_ATTRIBUTES_OFFSET: Final = 21  # the CRC covers the batch from here on
+_CRC: Final = struct.Struct(">I")
+CODECS: Final = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+_SEQ_KEY: Final = b"\x10cdcd.seq"  # keyLength varint (8) and the key of the cdcd.seq header
 #: an upper bound of what a record adds beyond its key, value and headers (aiokafka's: 21)
-RECORD_OVERHEAD = 32
+RECORD_OVERHEAD: Final = 32
 
 
 def varint(value: int) -> bytes:
@@ -59,6 +60,18 @@ def _varint_size(value: int) -> int:
         v >>= 7
         size += 1
     return size
+
+
+def header_name(name: str) -> bytes:
+    """A header's key as a record holds it (length and UTF-8), for :func:`header`."""
+    raw = name.encode()
+    return varint(len(raw)) + raw
+
+
+def header(name: bytes, value: bytes) -> bytes:
+    """One header as a record holds it; ``name`` from :func:`header_name`."""
+    n = len(value)
+    return name + (bytes((2 * n,)) if n < 64 else varint(n)) + value
 
 
 def encode_headers(headers: list[tuple[str, bytes]]) -> bytes:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from cdcd.sinks.kafka_recordbatch import CODECS, RecordBatch, encode_headers, record_size
+from cdcd.sinks.kafka_recordbatch import (
+    CODECS,
+    RecordBatch,
+    encode_headers,
+    header,
+    header_name,
+    record_size,
+)
 
 RECORDS = [
     # (timestamp, key, value, headers before seq, seq, headers after seq)
@@ -85,3 +92,8 @@ def test_record_size_bounds_aiokafkas_estimate() -> None:
         headers = _headers(head, seq, tail)
         estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
         assert record_size(key, value, encode_headers(headers)) >= estimate
+
+
+@pytest.mark.parametrize("value", [b"", b"1", b"x" * 63, b"x" * 64, b"x" * 300])
+def test_one_header_encodes_as_the_list_does(value: bytes) -> None:
+    assert header(header_name("cdcd.xid"), value) == encode_headers([("cdcd.xid", value)])
