@@ -183,6 +183,11 @@ class ProgressTracker:
         return self._received
 
     @property
+    def handing_lsn(self) -> int | None:
+        """The first LSN of a transaction being handed in parts (:meth:`handing`), if any."""
+        return self._handing
+
+    @property
     def last_queued_end(self) -> int:
         return self._last_queued_end
 

@@ -108,6 +108,15 @@ class Reader:
         tracker.session_started()
         if self._handing is not None:  # the server sends it again from its start
             self._handing.seen = 0
+            if (
+                tracker.handing_lsn is None
+            ):  # unless the slot was recreated (cdcd.pipeline.recreate)
+                log.warning(
+                    "the transaction being handed over in parts is lost with the slot",
+                    commit_lsn=format_lsn(self._handing.commit_lsn),
+                    handed=self._handing.handed,
+                )
+                self._handing = None
         confirmed = tracker.confirmed_lsn
         client.set_positions(written=confirmed, flushed=confirmed)
         await client.start_replication(source.slot, 0, opts.options)
