@@ -45,10 +45,14 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.values.binary_containers",
     "cdcd.values.binary",
     "cdcd.assembler.transaction",
+    "cdcd.assembler.sizes",
     "cdcd.assembler.spill",
     "cdcd.assembler.assembler",
     "cdcd.events.change_event",
     "cdcd.events.encoder",
+    "cdcd.sinks.kafka_partition",
+    "cdcd.sinks.kafka_recordbatch",
+    "cdcd.sinks.kafka_batches",
 )
 
 PURE_ENV = "CDCD_PURE_PYTHON"

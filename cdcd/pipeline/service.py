@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from cdcd.assembler.assembler import Assembler
+from cdcd.assembler.assembler import COMPACT_BYTES, Assembler
 from cdcd.benchlog import LatencyLog, write_stats
 from cdcd.config import Config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
@@ -90,6 +90,7 @@ class Pipeline:
                 memory_limit=cfg.buffer.memory_limit,
                 spill_dir=cfg.buffer.spill_dir,
                 on_type=catalog.types.observe,
+                part_bytes=COMPACT_BYTES,  # transactions go to the sinks while they arrive
             )
             self.sinks = [load_sink_class(spec.type)(spec.config, context) for spec in cfg.sinks]
             self.tracker = tracker = ProgressTracker(len(self.sinks))
@@ -171,10 +172,10 @@ class Pipeline:
         stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
         tasks.add(stop_waiter)
         if self._latency is not None:
-            assert self.tracker is not None
-            tasks.add(
-                asyncio.create_task(self._latency.watch(self.tracker.durable_lsn), name="latency")
-            )
+            # the sinks' own positions: the tracker learns them only at the acker's tick (0.2 s)
+            sinks = self.sinks
+            latency = self._latency.watch(lambda: min(s.durable_lsn() for s in sinks))
+            tasks.add(asyncio.create_task(latency, name="latency"))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
