@@ -4,6 +4,8 @@ It forwards every accepted connection to ``target`` and can, on demand:
 
 * :meth:`TcpProxy.cut` — abort every open connection at once, on both sides, with a TCP reset
   (``SO_LINGER 0``), as a network failure or a dying middlebox would;
+* ``downstream_rate``: forward at most that many bytes per second from the server to the
+  client, so a test can be sure a large transaction is still arriving when it cuts;
 * :meth:`TcpProxy.refuse` — close the listening socket so new connections are refused
   (``ECONNREFUSED``) until :meth:`TcpProxy.accept` reopens it on the same port; ``refuse(3)``
   reopens by itself after three seconds.
@@ -41,9 +43,17 @@ def _hard_close(writer: asyncio.StreamWriter) -> None:
 class TcpProxy:
     """``TcpProxy(target_host, target_port).start()``; ``.port`` is where clients connect."""
 
-    def __init__(self, target_host: str, target_port: int, *, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        host: str = "127.0.0.1",
+        downstream_rate: float | None = None,
+    ) -> None:
         self.target = (target_host, target_port)
         self.host = host
+        self.downstream_rate = downstream_rate
         self.port = 0
         #: connections accepted so far (a reconnecting client shows up here)
         self.accepted = 0
@@ -146,7 +156,9 @@ class TcpProxy:
         pair = (client_w, up_w)
         self._pairs.add(pair)
         try:
-            await asyncio.gather(self._pipe(client_r, up_w), self._pipe(up_r, client_w))
+            await asyncio.gather(
+                self._pipe(client_r, up_w), self._pipe(up_r, client_w, self.downstream_rate)
+            )
         finally:
             if pair in self._pairs:  # not cut: one side closed normally
                 self._pairs.discard(pair)
@@ -154,11 +166,15 @@ class TcpProxy:
                     writer.transport.abort()
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rate: float | None = None
+    ) -> None:
         try:
-            while data := await reader.read(_CHUNK):
+            while data := await reader.read(_CHUNK if rate is None else 16 * 1024):
                 writer.write(data)
                 await writer.drain()
+                if rate is not None:
+                    await asyncio.sleep(len(data) / rate)
             if writer.can_write_eof():
                 writer.write_eof()
         except (OSError, RuntimeError):
