@@ -15,17 +15,25 @@ from typing import TextIO
 
 import asyncpg
 
+from cdcd import snapshot_follow
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
-from cdcd.pipeline.incremental import IncrementalState, primary_key
+from cdcd.lsn import parse_lsn
+from cdcd.pipeline.incremental import IncrementalState, key_problem, primary_key
 from cdcd.pipeline.watermarks import SIGNAL
 from cdcd.snapshot import published_tables
 from cdcd.source import conn_params, open_sql
 
 
+def qualified(tables: list[str]) -> list[str]:
+    """``schema.table`` names (``public`` when none is given)."""
+    return [t if "." in t else f"public.{t}" for t in tables]
+
+
 async def request_async(config: Config, tables: list[str], out: TextIO = sys.stdout) -> int:
-    """Check every table (published, with a primary key), then write the signal."""
-    names = [t if "." in t else f"public.{t}" for t in tables]
+    """Check every table (published, with a primary key), then write the signal; returns
+    the signal's LSN."""
+    names = qualified(tables)
     conn = await open_sql(conn_params(config), config.source.connect_timeout)
     try:
         published = {
@@ -39,11 +47,15 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
                     f"--table {name}: not in publication {config.source.publication!r} "
                     "(add it: ALTER PUBLICATION ... ADD TABLE)"
                 )
-            if not await primary_key(conn, table.relation.oid):
+            key = await primary_key(conn, table.relation.oid)
+            if not key:
                 raise DefiniteSourceError(
                     f"--table {name}: has no primary key; incremental snapshots read tables in "
                     "key order (add a primary key)"
                 )
+            problem = await key_problem(conn, table, [(str(k[0]), str(k[1])) for k in key])
+            if problem is not None:
+                raise DefiniteSourceError(f"--table {name}: {problem}")
         try:
             lsn = await conn.fetchval(
                 "SELECT pg_logical_emit_message(true, $1, $2)::text",
@@ -59,11 +71,15 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
     finally:
         await conn.close()
     out.write(f"requested a snapshot of {', '.join(names)} (signal at {lsn})\n")
-    return EXIT_OK
+    out.flush()
+    return parse_lsn(lsn)
 
 
-def status(config: Config, out: TextIO = sys.stdout) -> int:
-    """Per table: status, rows durable in every sink / estimated rows, last key."""
+def status(config: Config, out: TextIO = sys.stdout, follow: bool = False) -> int:
+    """Per table: status, rows durable in every sink / estimated rows, last key; with
+    ``follow``, then the progress of those running until they end."""
+    if follow:
+        return snapshot_follow.follow(config, None, out=out)
     state = IncrementalState(config.snapshot.state_dir, config.source.slot)
     if not state.tables:
         out.write(f"no incremental snapshot recorded in {state.path}\n")
@@ -81,10 +97,14 @@ def status(config: Config, out: TextIO = sys.stdout) -> int:
     return EXIT_OK
 
 
-def request(config: Config, tables: list[str]) -> int:
+def request(config: Config, tables: list[str], follow: bool = False) -> int:
+    """Request the snapshot; with ``follow``, then show its progress until it ends."""
     from cdcd.runtime import run_async
 
     if not tables:
         print("cdcd snapshot: name at least one --table schema.table", file=sys.stderr)
         return EXIT_USAGE
-    return int(run_async(request_async(config, tables)))
+    lsn = int(run_async(request_async(config, tables)))
+    if not follow:
+        return EXIT_OK
+    return snapshot_follow.follow(config, qualified(tables), after_signal=lsn)

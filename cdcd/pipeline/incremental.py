@@ -51,6 +51,13 @@ WHERE i.indrelid = $1 AND i.indisprimary
 ORDER BY k.ord
 """
 
+#: the columns of a table, names and types: compared with each chunk read (in its transaction)
+_SHAPE_SQL = """
+SELECT coalesce(array_agg(format('%I %s', attname, format_type(atttypid, atttypmod))
+                          ORDER BY attnum), '{}')
+FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
+"""
+
 
 #: what a lost connection raises (the server restarting, a cut connection): retried
 _CONNECTION_LOST = (
@@ -67,18 +74,18 @@ _LOG_EVERY = 5.0
 _POLL_SECONDS = 2.0
 
 
-def _log_progress(name: str, progress: TableSnapshot, rows: int, seconds: float) -> None:
-    """Rows done / estimated, rate and ETA of one table's snapshot."""
-    rate = rows / seconds if seconds > 0 else 0.0
-    left = max(progress.estimate - progress.rows, 0)
+def _log_progress(name: str, progress: TableSnapshot) -> None:
+    """Rows done / estimated, bytes, rate and ETA of one table's snapshot."""
+    rate, eta = progress.meter.rate, progress.eta()
     log.info(
         "incremental snapshot progress",
         table=name,
         rows=progress.rows,
         estimate=progress.estimate,
         percent=round(100 * progress.rows / progress.estimate, 1) if progress.estimate else None,
-        rows_per_s=round(rate),
-        eta_s=round(left / rate) if rate else None,
+        bytes=progress.bytes,
+        rows_per_s=None if rate is None else round(rate),
+        eta_s=None if eta is None else round(eta),
     )
 
 
@@ -290,6 +297,9 @@ class IncrementalSnapshot:
             else "it has no primary key: incremental snapshots read tables in key order (add "
             "a primary key, or use snapshot.mode: initial)"
         )
+        keys = [(str(r[0]), str(r[1])) for r in key_cols]
+        if problem is None:
+            problem = await key_problem(conn, table, keys)
         if problem is not None:
             log.error(f"table not snapshotted: {problem}", table=name)
             entry["status"] = "skipped"
@@ -303,9 +313,9 @@ class IncrementalSnapshot:
             entry["estimate"] = max(int(estimate), 0)
             self.state.save()
         key_names = tuple(str(r[0]) for r in key_cols)
+        oid = table.relation.oid
         rows_done = int(entry["rows"])
         last_key = entry["last_key"]
-        keys = [(str(r[0]), str(r[1])) for r in key_cols]
         log.info(
             "incremental snapshot of table",
             table=name,
@@ -316,6 +326,8 @@ class IncrementalSnapshot:
             "running", rows_done, int(entry["estimate"] or 0)
         )
         started = last_log = described = time.monotonic()
+        progress.meter.add(started, rows_done)
+        shape = await conn.fetchval(_SHAPE_SQL, table.relation.oid)
         while self.state.tables.get(name) is entry:
             self.record_durable()
             # bounded: what a crash makes emit again (chunks not recorded yet) stays small
@@ -324,24 +336,44 @@ class IncrementalSnapshot:
                 self.record_durable()
             if time.monotonic() - described >= _POLL_SECONDS:
                 described = time.monotonic()
+                # the shape first: a change after it is seen at the next chunk
+                shape = await conn.fetchval(_SHAPE_SQL, table.relation.oid)
                 current = await self._describe(conn, name)  # columns added, dropped, ...
                 if current is None:
                     self._removed(name, entry)
                     break
-                table = current
+                table, oid = current, current.relation.oid
+                now_keys = [(str(r[0]), str(r[1])) for r in await primary_key(conn, oid)]
+                if now_keys != keys:  # another order: the keys already read mean nothing
+                    log.warning(
+                        "primary key changed during the table's snapshot; it starts over",
+                        table=name,
+                        key=[" ".join(k) for k in keys],
+                        now=[" ".join(k) for k in now_keys],
+                    )
+                    self.request([name])
+                    break
             chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
             self.watermarks.arm(chunk)
             try:
                 await _watermark(conn, chunk.id, "low")
                 try:
-                    records = await conn.fetch(
-                        _chunk_sql(table, keys, last_key),
-                        self.config.snapshot.chunk_rows,
-                        *(last_key or ()),
-                    )
+                    # the rows and the table's shape at once: the lock the SELECT takes
+                    # keeps an ALTER TABLE from coming between them
+                    async with conn.transaction(readonly=True):
+                        records = await conn.fetch(
+                            _chunk_sql(table, keys, last_key),
+                            self.config.snapshot.chunk_rows,
+                            *(last_key or ()),
+                        )
+                        read_shape = await conn.fetchval(_SHAPE_SQL, oid)
                 except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
                     log.info("table changed during its snapshot", table=name, error=str(exc))
                     described = 0.0  # describe it again before the next chunk
+                    continue
+                if read_shape != shape:  # a column added, dropped, of another type
+                    log.info("table altered during its snapshot; chunk read again", table=name)
+                    described = 0.0
                     continue
                 chunk.rows = [_row(r) for r in records]
                 await _watermark(conn, chunk.id, "high")
@@ -362,9 +394,11 @@ class IncrementalSnapshot:
             progress.rows = rows_done
             progress.dropped += result.dropped
             progress.chunks += 1
+            progress.bytes += sum(len(v) for row in chunk.rows for v in row.values if v)
+            progress.meter.add(time.monotonic(), rows_done)
             if time.monotonic() - last_log >= _LOG_EVERY:
                 last_log = time.monotonic()
-                _log_progress(name, progress, rows_done - int(entry["rows"]), last_log - started)
+                _log_progress(name, progress)
             self._undurable.append(_Done(name, result.end_lsn, last_key, rows_done, finished))
             if result.end_lsn:
                 log.debug(
@@ -379,6 +413,9 @@ class IncrementalSnapshot:
         while self._undurable:
             await asyncio.sleep(0.1)
             self.record_durable()
+        if entry["status"] != "done":  # removed, or started over
+            progress.status = entry["status"] if entry["status"] == "removed" else "pending"
+            return
         progress.status = "done"
         log.info(
             "incremental snapshot of table done",
@@ -386,6 +423,7 @@ class IncrementalSnapshot:
             chunks=progress.chunks,
             table=name,
             rows=rows_done,
+            bytes=progress.bytes,
             seconds=round(time.monotonic() - started, 3),
         )
 
@@ -402,12 +440,31 @@ class IncrementalSnapshot:
             table=name,
         )
         entry["status"] = "removed"
+        if self.state.known and name in self.state.known:
+            self.state.known.remove(name)  # published again later: backfilled as new
         self.state.save()
 
 
 async def primary_key(conn: Any, oid: int) -> list[Any]:
     """The primary key's columns of table ``oid`` in key order: ``(name, type)`` records."""
     return list(await conn.fetch(_KEY_SQL, oid))
+
+
+async def key_problem(conn: Any, table: SnapshotTable, keys: list[tuple[str, str]]) -> str | None:
+    """Why keyset pagination cannot read ``table`` in the order of its primary key ``keys``
+    (``(name, type)``), or None. A primary key is a unique btree index, so its types have a
+    btree operator class; it may not be the type's default one, which ORDER BY and the row
+    comparison use (README "Incremental snapshots")."""
+    try:
+        await conn.prepare(_chunk_sql(table, keys, [None] * len(keys)))
+    except asyncpg.UndefinedFunctionError as exc:
+        key = ", ".join(f"{k} {t}" for k, t in keys)
+        return (
+            f"its primary key ({key}) cannot be sorted for keyset pagination ({exc}): give "
+            "the key's type a default btree operator class, or snapshot the table with "
+            "snapshot.mode: initial"
+        )
+    return None
 
 
 def _chunk_sql(table: SnapshotTable, keys: list[tuple[str, str]], after: Any) -> str:
