@@ -49,10 +49,11 @@ class _Bars:
                 total=max(estimate, rows, 1),
                 desc=name,
                 unit="rows",
+                unit_scale=True,
                 position=len(self.bars),
                 file=self.out,
                 dynamic_ncols=True,
-                bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows {postfix}",
+                bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows{postfix}",
             )
         bar.total = max(estimate, rows, 1) if status != "done" else max(rows, 1)
         bar.n = rows if status != "done" else bar.total

@@ -59,6 +59,14 @@ FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
 """
 
 
+#: what reading a chunk of a table altered meanwhile may raise
+_ALTERED = (
+    asyncpg.UndefinedTableError,
+    asyncpg.UndefinedColumnError,
+    asyncpg.UndefinedFunctionError,
+    asyncpg.DataError,
+)
+
 #: what a lost connection raises (the server restarting, a cut connection): retried
 _CONNECTION_LOST = (
     OSError,
@@ -301,9 +309,7 @@ class IncrementalSnapshot:
         if problem is None:
             problem = await key_problem(conn, table, keys)
         if problem is not None:
-            log.error(f"table not snapshotted: {problem}", table=name)
-            entry["status"] = "skipped"
-            self.state.save()
+            self._skipped(name, entry, problem)
             return
         estimate = await conn.fetchval(
             "SELECT reltuples::int8 FROM pg_class WHERE oid = $1", table.relation.oid
@@ -326,6 +332,7 @@ class IncrementalSnapshot:
             "running", rows_done, int(entry["estimate"] or 0)
         )
         started = last_log = described = time.monotonic()
+        failed = False  # the last chunk could not be read
         progress.meter.add(started, rows_done)
         shape = await conn.fetchval(_SHAPE_SQL, table.relation.oid)
         while self.state.tables.get(name) is entry:
@@ -367,10 +374,14 @@ class IncrementalSnapshot:
                             *(last_key or ()),
                         )
                         read_shape = await conn.fetchval(_SHAPE_SQL, oid)
-                except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+                except _ALTERED as exc:  # the key's type too: the last key no longer fits
+                    if failed:  # again, although described anew: give up on it
+                        self._skipped(name, entry, f"its chunks cannot be read: {exc}")
+                        break
                     log.info("table changed during its snapshot", table=name, error=str(exc))
-                    described = 0.0  # describe it again before the next chunk
+                    described, failed = 0.0, True  # describe it again before the next chunk
                     continue
+                failed = False
                 if read_shape != shape:  # a column added, dropped, of another type
                     log.info("table altered during its snapshot; chunk read again", table=name)
                     described = 0.0
@@ -414,7 +425,7 @@ class IncrementalSnapshot:
             await asyncio.sleep(0.1)
             self.record_durable()
         if entry["status"] != "done":  # removed, or started over
-            progress.status = entry["status"] if entry["status"] == "removed" else "pending"
+            progress.status = entry["status"] if entry["status"] != "running" else "pending"
             return
         progress.status = "done"
         log.info(
@@ -432,6 +443,11 @@ class IncrementalSnapshot:
         schema, _, table = name.partition(".")
         found = await published_tables(conn, self.config.source.publication, (schema, table))
         return found[0] if found else None
+
+    def _skipped(self, name: str, entry: dict[str, Any], problem: str) -> None:
+        log.error(f"table not snapshotted: {problem}", table=name)
+        entry["status"] = "skipped"
+        self.state.save()
 
     def _removed(self, name: str, entry: dict[str, Any]) -> None:
         log.warning(
@@ -451,18 +467,19 @@ async def primary_key(conn: Any, oid: int) -> list[Any]:
 
 
 async def key_problem(conn: Any, table: SnapshotTable, keys: list[tuple[str, str]]) -> str | None:
-    """Why keyset pagination cannot read ``table`` in the order of its primary key ``keys``
-    (``(name, type)``), or None. A primary key is a unique btree index, so its types have a
-    btree operator class; it may not be the type's default one, which ORDER BY and the row
-    comparison use (README "Incremental snapshots")."""
+    """Why keyset pagination cannot page through ``table`` by its primary key ``keys``
+    (``(name, type)``), or None. A primary key's index uses its types' default btree operator
+    classes (PostgreSQL refuses any other), so ORDER BY always works; the comparison
+    ``(key) > (last key)`` also needs that class's operators to be named ``<`` and ``>``,
+    which a user-defined class need not do (README "Incremental snapshots")."""
     try:
         await conn.prepare(_chunk_sql(table, keys, [None] * len(keys)))
     except asyncpg.UndefinedFunctionError as exc:
         key = ", ".join(f"{k} {t}" for k, t in keys)
         return (
-            f"its primary key ({key}) cannot be sorted for keyset pagination ({exc}): give "
-            "the key's type a default btree operator class, or snapshot the table with "
-            "snapshot.mode: initial"
+            f"its primary key ({key}) cannot be paged through in key order ({exc}): the "
+            "default btree operator class of the key's type must name its operators < and >; "
+            "snapshot the table with snapshot.mode: initial instead"
         )
     return None
 
