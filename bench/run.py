@@ -18,7 +18,7 @@ starts a cluster with the test harness's settings, then for each workload:
    and commits one sentinel row after it (so the peer, which stops at the first message at
    or past the end, has a message to stop at);
 3. times each contender draining its slot up to the end LSN, one after the other, as its own
-   process (wall time from spawn to exit; CPU time and peak RSS from ``wait4``):
+   process (wall time from spawn to exit; CPU time from ``wait4``, peak RSS from VmHWM):
 
    ``pg_recvlogical``       the cluster's own, pgoutput with the same options, to /dev/null
    ``psycopg2_raw``         the peer script (``--peer``), no decoding
@@ -280,18 +280,35 @@ def run_measured(
     timeout: float = 3600,
     cwd: Path = REPO,
 ) -> Measured:
-    """Run ``cmd`` to completion; wall time, the child's CPU time and peak RSS (wait4)."""
+    """Run ``cmd`` to completion; wall time, the child's CPU time (wait4) and peak RSS (VmHWM)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd)
         return _wait_measured(proc, t0, out, err, timeout)
 
 
+def _hwm_kib(pid: int) -> int:
+    """The process's peak RSS so far (VmHWM, KiB); 0 once it has exited.
+
+    Read while it runs, because ``wait4``'s ``ru_maxrss`` also counts the copy of this bench
+    process the child was between fork and exec, a floor of this process's own size."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _wait_measured(
     proc: subprocess.Popen[bytes], t0: float, out: Any, err: Any, timeout: float
 ) -> Measured:
     deadline = time.monotonic() + timeout
+    hwm_kib = 0
     while True:
+        hwm_kib = max(hwm_kib, _hwm_kib(proc.pid))
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
@@ -308,7 +325,7 @@ def _wait_measured(
         proc.returncode,
         seconds,
         usage.ru_utime + usage.ru_stime,
-        usage.ru_maxrss / 1024,
+        (hwm_kib or usage.ru_maxrss) / 1024,
         out.read().decode(errors="replace"),
         err.read().decode(errors="replace"),
     )

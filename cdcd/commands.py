@@ -17,9 +17,10 @@ from cdcd.errors import (
     DefiniteSourceError,
 )
 from cdcd.lsn import format_lsn, parse_lsn
-from cdcd.replication import slot as slots
 from cdcd.replication.client import SlotExists
-from cdcd.snapshot import SnapshotState
+from cdcd.source import queries
+from cdcd.source import slot as slots
+from cdcd.source.snapshot import SnapshotState
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -66,7 +67,7 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
         return exc.exit_code if exc.exit_code != EXIT_FAILURE else EXIT_SOURCE
     conn = source.catalog_conn
     try:
-        version_num = int(await conn.fetchval("SHOW server_version_num"))
+        version_num = await slots.server_version(conn)
         version = await conn.fetchval("SHOW server_version")
         findings.append(
             Finding("connection", OK, f"{source.params.describe()} as {source.params.user}")
@@ -120,12 +121,7 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
                 )
             )
         else:
-            lag = await conn.fetchval(
-                "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN "
-                "pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END, confirmed_flush_lsn)::int8 "
-                "FROM pg_replication_slots WHERE slot_name = $1",
-                src.slot,
-            )
+            lag = await queries.slot_lag(conn, src.slot)
             detail = (
                 f"{src.slot!r} active={info.active} wal_status={info.wal_status} "
                 f"confirmed={format_lsn(info.confirmed_flush_lsn or 0)} lag={_size(lag)} "
@@ -166,11 +162,7 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
 async def _watermark_finding(conn: Any, mode: str) -> Finding:
     """Incremental snapshots write watermarks with pg_logical_emit_message (README
     "Incremental snapshots"): EXECUTE on it (PUBLIC's by default), on a primary."""
-    signature, allowed = await conn.fetchrow(
-        "SELECT p.oid::regprocedure::text, has_function_privilege(p.oid, 'EXECUTE') "
-        "FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' "
-        "AND p.proargtypes[2] = 'text'::regtype"
-    )
+    signature, allowed = await queries.emit_message_grant(conn)
     status = OK if allowed else FAIL if mode == "incremental" else WARN
     detail = (
         "pg_logical_emit_message: EXECUTE granted"
@@ -207,13 +199,10 @@ async def current_wal_end(config: Config) -> int:
     source = Source(config)
     await source.connect_catalog()
     try:
-        text = await source.catalog_conn.fetchval(
-            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-            "ELSE pg_current_wal_insert_lsn() END)::text"
-        )
+        text = await queries.wal_end(source.catalog_conn)
     finally:
         await source.close()
-    return parse_lsn(str(text))
+    return parse_lsn(text)
 
 
 async def _failover_findings(
@@ -302,7 +291,7 @@ async def _host_findings(source: Any, wanted: bool) -> list[Finding]:
             findings.append(Finding(where, WARN, f"unreachable: {exc}"))
             continue
         try:
-            if not await conn.fetchval("SELECT pg_is_in_recovery()"):
+            if not await slots.in_recovery(conn):
                 findings.append(Finding(where, OK, "primary"))
                 continue
             findings.append(await _standby_finding(conn, where, src.slot, wanted))
@@ -312,23 +301,15 @@ async def _host_findings(source: Any, wanted: bool) -> list[Finding]:
 
 
 async def _standby_finding(conn: Any, where: str, slot: str, wanted: bool) -> Finding:
-    version = int(await conn.fetchval("SHOW server_version_num"))
+    version = await slots.server_version(conn)
     if version < 170000:
         return Finding(where, WARN if wanted else OK, "standby (no slot synchronisation before 17)")
-    settings = {
-        name: await conn.fetchval(f"SHOW {name}")
-        for name in ("sync_replication_slots", "hot_standby_feedback", "primary_slot_name")
-    }
+    settings, synced = await queries.standby_slot_sync(conn, slot)
     missing = [
         name
         for name, value in settings.items()
         if (value in ("off", "") if name != "primary_slot_name" else not value)
     ]
-    synced = await conn.fetchrow(
-        "SELECT synced, temporary, invalidation_reason FROM pg_replication_slots "
-        "WHERE slot_name = $1",
-        slot,
-    )
     if missing:
         return Finding(where, WARN, f"standby; cannot synchronise slots: set {', '.join(missing)}")
     if synced is None or synced["temporary"]:
@@ -344,21 +325,9 @@ async def _standby_finding(conn: Any, where: str, slot: str, wanted: bool) -> Fi
     return Finding(where, OK, f"standby; slot {slot!r} synchronised, ready for a failover")
 
 
-_IDENTITY_SQL = """
-SELECT pt.schemaname || '.' || pt.tablename, c.relreplident,
-       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) AS has_pk,
-       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) AS has_ri
-FROM pg_publication_tables pt
-JOIN pg_namespace n ON n.nspname = pt.schemaname
-JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-WHERE pt.pubname = $1 ORDER BY 1
-"""
-
-
 async def _replica_identity(conn: Any, publication: str) -> list[Finding]:
     findings = []
-    for name, ident, has_pk, has_ri in await conn.fetch(_IDENTITY_SQL, publication):
-        ident = ident.decode() if isinstance(ident, bytes) else str(ident)
+    for name, ident, has_pk, has_ri in await queries.replica_identities(conn, publication):
         label = {"d": "default", "n": "nothing", "f": "full", "i": "index"}.get(ident, ident)
         if ident == "n" or (ident == "d" and not has_pk) or (ident == "i" and not has_ri):
             findings.append(

@@ -13,16 +13,15 @@ import json
 import sys
 from typing import TextIO
 
-import asyncpg
-
 from cdcd import snapshot_follow
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
 from cdcd.lsn import parse_lsn
-from cdcd.pipeline.incremental import IncrementalState, key_problem, primary_key
+from cdcd.pipeline.incremental import IncrementalState
 from cdcd.pipeline.watermarks import SIGNAL
-from cdcd.snapshot import published_tables
 from cdcd.source import conn_params, open_sql
+from cdcd.source.queries import emit_message
+from cdcd.source.snapshot import key_problem, primary_key, published_tables
 
 
 def qualified(tables: list[str]) -> list[str]:
@@ -56,18 +55,9 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
             problem = await key_problem(conn, table, [(str(k[0]), str(k[1])) for k in key])
             if problem is not None:
                 raise DefiniteSourceError(f"--table {name}: {problem}")
-        try:
-            lsn = await conn.fetchval(
-                "SELECT pg_logical_emit_message(true, $1, $2)::text",
-                SIGNAL,
-                json.dumps({"tables": names}),
-            )
-        except asyncpg.InsufficientPrivilegeError as exc:
-            raise DefiniteSourceError(
-                f"{exc}: the request is a logical message; GRANT EXECUTE ON FUNCTION "
-                "pg_logical_emit_message(boolean, text, text) TO the role (17+: (boolean, text, "
-                "text, boolean); cdcd check shows the signature)"
-            ) from exc
+        lsn = await emit_message(
+            conn, SIGNAL, json.dumps({"tables": names}), "cdcd snapshot --table"
+        )
     finally:
         await conn.close()
     out.write(f"requested a snapshot of {', '.join(names)} (signal at {lsn})\n")

@@ -248,7 +248,7 @@ class Encoder:
         """Op ``r`` events for rows read by an initial snapshot.
 
         The snapshot feature chooses the position: ``commit_lsn`` = the slot's consistent
-        point - 1 (a transaction can commit at the point itself, see :mod:`cdcd.snapshot`) and
+        point - 1 (a transaction can commit at the point itself, see :mod:`cdcd.source.snapshot`) and
         ``seq`` counting every row of the snapshot from ``first_seq``.
         Events have ``source.snapshot = "true"``; with ``last=True`` the final row is marked
         ``"last"``. They have no ``transaction`` block; ``lsn`` equals ``commit_lsn``.

@@ -31,33 +31,24 @@ import structlog
 
 from cdcd.config import Config
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
-from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
+from cdcd.errors import ConfigError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
-from cdcd.snapshot import SnapshotTable, published_tables
 from cdcd.source import open_sql
+from cdcd.source.queries import emit_message
+from cdcd.source.snapshot import (
+    SnapshotTable,
+    chunk_sql,
+    key_problem,
+    primary_key,
+    published_tables,
+    row_estimate,
+    table_shape,
+)
 from cdcd.stats import Stats, TableSnapshot
-from cdcd.wire.frontend import quote_ident
 
 log = structlog.get_logger("cdcd.snapshot")
-
-_KEY_SQL = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod)
-FROM pg_index i
-CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = $1 AND i.indisprimary
-ORDER BY k.ord
-"""
-
-#: the columns of a table, names and types: compared with each chunk read (in its transaction)
-_SHAPE_SQL = """
-SELECT coalesce(array_agg(format('%I %s', attname, format_type(atttypid, atttypmod))
-                          ORDER BY attnum), '{}')
-FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
-"""
-
 
 #: what reading a chunk of a table altered meanwhile may raise
 _ALTERED = (
@@ -197,50 +188,42 @@ class IncrementalSnapshot:
         cfg = self.config.snapshot
         watch_new = cfg.new_tables and cfg.mode != "never"
         conn = None
+        first = watch_new or cfg.mode == "incremental" or bool(self.state.pending())
         try:
-            if watch_new or cfg.mode == "incremental" or self.state.pending():
-                conn = await open_sql(self.source.params, self.config.source.connect_timeout)
-            if conn is not None and self.state.known is None:  # the first start with this state
-                self.state.known = await self._published(conn)
+            polled = time.monotonic()
+            backoff = 1.0
+            while first and self.state.known is None:  # the first start with this state
+                try:
+                    conn = conn or await self._open()
+                    self.state.known = await self._published(conn)
+                except _CONNECTION_LOST as exc:  # a failover, a restarting server
+                    conn = _dropped(conn, "could not list the published tables", exc)
+                    backoff = await _pause(backoff)
+                    continue
                 if cfg.mode == "incremental":
                     self.request(self.state.known)
                 self.state.save()
-            polled = time.monotonic()
-            backoff = 1.0
             while True:
                 if watch_new and time.monotonic() - polled >= _POLL_SECONDS:
                     polled = time.monotonic()
                     try:
-                        if conn is None:
-                            conn = await open_sql(
-                                self.source.params, self.config.source.connect_timeout
-                            )
+                        conn = conn or await self._open()
                         await self._new_tables(conn)
                     except _CONNECTION_LOST as exc:
-                        log.warning("could not look for new tables", error=str(exc))
-                        if conn is not None:
-                            conn.terminate()
-                        conn = None
+                        conn = _dropped(conn, "could not look for new tables", exc)
                 pending = self.state.pending()
                 if pending:
                     try:
-                        if conn is None:
-                            conn = await open_sql(
-                                self.source.params, self.config.source.connect_timeout
-                            )
+                        conn = conn or await self._open()
                         await self._table(conn, pending[0])
                         backoff = 1.0
                     except _CONNECTION_LOST as exc:  # the reader reconnects on its own
-                        log.warning(
+                        conn = _dropped(
+                            conn,
                             "incremental snapshot lost its connection; resuming after a backoff",
-                            error=str(exc),
-                            backoff_s=backoff,
+                            exc,
                         )
-                        if conn is not None:
-                            conn.terminate()
-                        conn = None
-                        await asyncio.sleep(backoff)
-                        backoff = min(backoff * 2, 10.0)
+                        backoff = await _pause(backoff)
                     continue
                 self.record_durable()
                 self._wake.clear()
@@ -249,6 +232,9 @@ class IncrementalSnapshot:
         finally:
             if conn is not None:
                 await conn.close()
+
+    async def _open(self) -> Any:
+        return await open_sql(self.source.params, self.config.source.connect_timeout)
 
     async def _published(self, conn: Any) -> list[str]:
         tables = await published_tables(conn, self.config.source.publication)
@@ -311,9 +297,7 @@ class IncrementalSnapshot:
         if problem is not None:
             self._skipped(name, entry, problem)
             return
-        estimate = await conn.fetchval(
-            "SELECT reltuples::int8 FROM pg_class WHERE oid = $1", table.relation.oid
-        )
+        estimate = await row_estimate(conn, table.relation.oid)
         if entry["status"] == "pending":
             entry["status"] = "running"
             entry["estimate"] = max(int(estimate), 0)
@@ -334,7 +318,7 @@ class IncrementalSnapshot:
         started = last_log = described = time.monotonic()
         failed = False  # the last chunk could not be read
         progress.meter.add(started, rows_done)
-        shape = await conn.fetchval(_SHAPE_SQL, table.relation.oid)
+        shape = await table_shape(conn, table.relation.oid)
         while self.state.tables.get(name) is entry:
             self.record_durable()
             # bounded: what a crash makes emit again (chunks not recorded yet) stays small
@@ -344,7 +328,7 @@ class IncrementalSnapshot:
             if time.monotonic() - described >= _POLL_SECONDS:
                 described = time.monotonic()
                 # the shape first: a change after it is seen at the next chunk
-                shape = await conn.fetchval(_SHAPE_SQL, table.relation.oid)
+                shape = await table_shape(conn, table.relation.oid)
                 current = await self._describe(conn, name)  # columns added, dropped, ...
                 if current is None:
                     self._removed(name, entry)
@@ -369,11 +353,11 @@ class IncrementalSnapshot:
                     # keeps an ALTER TABLE from coming between them
                     async with conn.transaction(readonly=True):
                         records = await conn.fetch(
-                            _chunk_sql(table, keys, last_key),
+                            chunk_sql(table, keys, last_key),
                             self.config.snapshot.chunk_rows,
                             *(last_key or ()),
                         )
-                        read_shape = await conn.fetchval(_SHAPE_SQL, oid)
+                        read_shape = await table_shape(conn, oid)
                 except _ALTERED as exc:  # the key's type too: the last key no longer fits
                     if failed:  # again, although described anew: give up on it
                         self._skipped(name, entry, f"its chunks cannot be read: {exc}")
@@ -461,45 +445,19 @@ class IncrementalSnapshot:
         self.state.save()
 
 
-async def primary_key(conn: Any, oid: int) -> list[Any]:
-    """The primary key's columns of table ``oid`` in key order: ``(name, type)`` records."""
-    return list(await conn.fetch(_KEY_SQL, oid))
-
-
-async def key_problem(conn: Any, table: SnapshotTable, keys: list[tuple[str, str]]) -> str | None:
-    """Why keyset pagination cannot page through ``table`` by its primary key ``keys``
-    (``(name, type)``), or None. A primary key's index uses its types' default btree operator
-    classes (PostgreSQL refuses any other), so ORDER BY always works; the comparison
-    ``(key) > (last key)`` also needs that class's operators to be named ``<`` and ``>``,
-    which a user-defined class need not do (README "Incremental snapshots")."""
-    try:
-        await conn.prepare(_chunk_sql(table, keys, [None] * len(keys)))
-    except asyncpg.UndefinedFunctionError as exc:
-        key = ", ".join(f"{k} {t}" for k, t in keys)
-        return (
-            f"its primary key ({key}) cannot be paged through in key order ({exc}): the "
-            "default btree operator class of the key's type must name its operators < and >; "
-            "snapshot the table with snapshot.mode: initial instead"
-        )
+def _dropped(conn: Any, what: str, exc: BaseException) -> Any:
+    """Log a lost connection and close it: None, the connection to use from now on (the caller
+    opens a new one when it next needs it)."""
+    log.warning(what, error=str(exc))
+    if conn is not None:
+        conn.terminate()
     return None
 
 
-def _chunk_sql(table: SnapshotTable, keys: list[tuple[str, str]], after: Any) -> str:
-    """Keyset pagination: the next ``$1`` rows after the key ``$2..`` in key order."""
-    rel = table.relation
-    # aliased: ORDER BY a name of the select list would sort by its text
-    select = ", ".join(f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns))
-    cols = ", ".join(quote_ident(k) for k, _ in keys)
-    sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
-    where = []
-    if after is not None:
-        params = ", ".join(f"${i + 2}::text::{t}" for i, (_, t) in enumerate(keys))
-        where.append(f"({cols}) > ({params})")
-    if table.row_filter:
-        where.append(f"({table.row_filter})")
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    return sql + f" ORDER BY {cols} LIMIT $1"
+async def _pause(backoff: float) -> float:
+    """Wait ``backoff`` seconds after a lost connection; the next, doubled, wait (at most 10 s)."""
+    await asyncio.sleep(backoff)
+    return min(backoff * 2, 10.0)
 
 
 def _row(record: Any) -> TupleData:
@@ -515,17 +473,4 @@ def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:
 
 async def _watermark(conn: Any, chunk_id: str, mark: str) -> None:
     content = json.dumps({"id": chunk_id, "mark": mark})
-    try:
-        await conn.fetchval("SELECT pg_logical_emit_message(true, $1, $2)", WATERMARK, content)
-    except asyncpg.InsufficientPrivilegeError as exc:
-        raise DefiniteSourceError(
-            f"incremental snapshot: {exc}; the role writes watermarks with "
-            "pg_logical_emit_message: GRANT EXECUTE ON FUNCTION "
-            "pg_logical_emit_message(boolean, text, text) TO <role> (17+: (boolean, text, text, "
-            "boolean); cdcd check shows the signature)"
-        ) from exc
-    except asyncpg.ReadOnlySQLTransactionError as exc:
-        raise DefiniteSourceError(
-            f"incremental snapshot: {exc}; watermarks are written to the WAL, which a standby "
-            "cannot do: incremental snapshots need the primary"
-        ) from exc
+    await emit_message(conn, WATERMARK, content, "incremental snapshot watermark")

@@ -23,7 +23,6 @@ import structlog
 
 from cdcd import accel
 from cdcd.assembler.assembler import Assembler
-from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
 from cdcd.decoder import events as ev
 from cdcd.decoder.pgoutput import PgOutputDecoder
@@ -34,6 +33,7 @@ from cdcd.pipeline.watermarks import PREFIXES, Watermarks, marker
 from cdcd.pipeline.writer import Writer
 from cdcd.replication.client import ReplicationClient
 from cdcd.replication.options import stream_options
+from cdcd.source.catalog import LiveCatalog
 from cdcd.stats import Stats
 from cdcd.wire.copydata import PrimaryKeepalive
 

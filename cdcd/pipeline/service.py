@@ -23,7 +23,6 @@ import structlog
 
 from cdcd.assembler.assembler import Assembler
 from cdcd.benchlog import LatencyLog, write_stats
-from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
 from cdcd.events.encoder import Encoder
@@ -38,6 +37,7 @@ from cdcd.pipeline.writer import Writer
 from cdcd.sinks.base import Sink, SinkContext
 from cdcd.sinks.registry import load_sink_class
 from cdcd.source import Source
+from cdcd.source.catalog import LiveCatalog
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.pipeline")

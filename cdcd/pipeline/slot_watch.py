@@ -11,7 +11,8 @@ from typing import Any
 import structlog
 
 from cdcd.lsn import parse_lsn
-from cdcd.source import SLOT_HEALTH_SQL, open_sql
+from cdcd.source import open_sql
+from cdcd.source.queries import slot_health
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.slot_watch")
@@ -26,7 +27,7 @@ async def watch_slot(source: Any, stats: Stats, interval: float = 15.0) -> None:
         try:
             if conn is None or conn.is_closed():
                 conn = await open_sql(source.params, src.connect_timeout)
-            row = await conn.fetchrow(SLOT_HEALTH_SQL, src.slot)
+            row = await slot_health(conn, src.slot)
         except asyncio.CancelledError:
             if conn is not None:
                 conn.terminate()

@@ -1,6 +1,6 @@
 """Orchestrating the initial snapshot: every published table read at the slot's exported
 snapshot and handed to the sinks as one pseudo-transaction of ``op: "r"`` events (how rows are
-read: :mod:`cdcd.snapshot`). Their position is just before the consistent point
+read: :mod:`cdcd.source.snapshot`). Their position is just before the consistent point
 (``commit_lsn`` = point - 1: a transaction may commit at the point itself); the pseudo-transaction
 is acknowledged at the point.
 
@@ -20,14 +20,14 @@ from typing import Any
 import structlog
 
 from cdcd.assembler.transaction import Transaction
-from cdcd.catalog import LiveCatalog
 from cdcd.config import Config
 from cdcd.events.encoder import Encoder
 from cdcd.lsn import format_lsn, unix_to_pg_us
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import Writer, retrying
-from cdcd.snapshot import published_tables, read_rows
 from cdcd.source import open_sql
+from cdcd.source.catalog import LiveCatalog
+from cdcd.source.snapshot import published_tables, read_rows
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.snapshot")
@@ -65,7 +65,7 @@ async def initial_snapshot(
             txn = Transaction(
                 kind="snapshot",
                 xid=0,
-                commit_lsn=point - 1,  # a commit can start at the point (cdcd.snapshot)
+                commit_lsn=point - 1,  # a commit can start at the point (cdcd.source.snapshot)
                 end_lsn=point,
                 commit_time=commit_time,
                 size=0,

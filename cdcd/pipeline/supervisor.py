@@ -17,10 +17,10 @@ from typing import Any
 
 import structlog
 
-from cdcd.catalog import LiveCatalog
 from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.pipeline.reader import Reader
 from cdcd.replication.client import ReplicationClient
+from cdcd.source.catalog import LiveCatalog
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.supervisor")

@@ -12,9 +12,9 @@ import pytest
 
 from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn, parse_lsn
-from cdcd.replication import slot as slots
 from cdcd.replication.client import ReplicationClient, SlotExists
 from cdcd.replication.transport import HIGH_WATER
+from cdcd.source import slot as slots
 from cdcd.wire.copydata import PrimaryKeepalive, XLogData
 from cdcd.wire.dsn import ConnParams, parse_dsn
 from tests.pgharness import PgDatabase, free_port

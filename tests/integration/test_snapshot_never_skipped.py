@@ -12,7 +12,7 @@ import pytest
 from cdcd.config import load_config
 from cdcd.pipeline.service import Pipeline
 from cdcd.sinks.memory import MemorySink
-from cdcd.snapshot import SnapshotState
+from cdcd.source.snapshot import SnapshotState
 from tests.e2e import write_config
 from tests.pgharness import PgDatabase
 

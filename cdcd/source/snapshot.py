@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
 from cdcd.wire.frontend import quote_ident
 
@@ -152,3 +154,75 @@ async def read_rows(
             batch = []
     if batch:
         yield batch
+
+
+_PRIMARY_KEY_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod)
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1 AND i.indisprimary
+ORDER BY k.ord
+"""
+
+
+async def primary_key(conn: Any, oid: int) -> list[Any]:
+    """The primary key's columns of table ``oid`` in key order: ``(name, type)`` records."""
+    return list(await conn.fetch(_PRIMARY_KEY_SQL, oid))
+
+
+async def row_estimate(conn: Any, oid: int) -> int:
+    """The planner's row count of table ``oid`` (``pg_class.reltuples``; -1 before the first
+    VACUUM or ANALYZE on 14+, read as 0)."""
+    return max(
+        int(await conn.fetchval("SELECT reltuples::int8 FROM pg_class WHERE oid = $1", oid)), 0
+    )
+
+
+def chunk_sql(table: SnapshotTable, keys: list[tuple[str, str]], after: Any) -> str:
+    """Keyset pagination: the next ``$1`` rows after the key ``$2..`` in key order."""
+    rel = table.relation
+    # aliased: ORDER BY a name of the select list would sort by its text
+    select = ", ".join(f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns))
+    cols = ", ".join(quote_ident(k) for k, _ in keys)
+    sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
+    where = []
+    if after is not None:
+        params = ", ".join(f"${i + 2}::text::{t}" for i, (_, t) in enumerate(keys))
+        where.append(f"({cols}) > ({params})")
+    if table.row_filter:
+        where.append(f"({table.row_filter})")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + f" ORDER BY {cols} LIMIT $1"
+
+
+async def key_problem(conn: Any, table: SnapshotTable, keys: list[tuple[str, str]]) -> str | None:
+    """Why keyset pagination cannot page through ``table`` by its primary key ``keys``
+    (``(name, type)``), or None. A primary key's index uses its types' default btree operator
+    classes (PostgreSQL refuses any other), so ORDER BY always works; the comparison
+    ``(key) > (last key)`` also needs that class's operators to be named ``<`` and ``>``,
+    which a user-defined class need not do (README "Incremental snapshots")."""
+    try:
+        await conn.prepare(chunk_sql(table, keys, [None] * len(keys)))
+    except asyncpg.UndefinedFunctionError as exc:
+        key = ", ".join(f"{k} {t}" for k, t in keys)
+        return (
+            f"its primary key ({key}) cannot be paged through in key order ({exc}): the "
+            "default btree operator class of the key's type must name its operators < and >; "
+            "snapshot the table with snapshot.mode: initial instead"
+        )
+    return None
+
+
+_SHAPE_SQL = """
+SELECT coalesce(array_agg(format('%I %s', attname, format_type(atttypid, atttypmod))
+                          ORDER BY attnum), '{}')
+FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
+"""
+
+
+async def table_shape(conn: Any, oid: int) -> list[str]:
+    """The columns of table ``oid``, ``name type`` in order: compared before and after a
+    chunk is read, to notice an ALTER TABLE."""
+    return list(await conn.fetchval(_SHAPE_SQL, oid))

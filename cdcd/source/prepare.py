@@ -1,4 +1,4 @@
-"""The PostgreSQL source: checks, publication and slot set-up, and connections.
+"""Connections to the source, its start-up checks, and publication and slot set-up.
 
 Everything here is ordinary SQL over asyncpg except slot creation and streaming, which need
 the replication connection (:mod:`cdcd.replication.client`). Problems an operator must fix
@@ -28,10 +28,10 @@ import structlog
 
 from cdcd.config import Config, SourceConfig
 from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
-from cdcd.replication import slot as slots
 from cdcd.replication.client import ReplicationClient, SlotExists
 from cdcd.replication.hosts import Role, connect_first
-from cdcd.snapshot import SnapshotState
+from cdcd.source import slot as slots
+from cdcd.source.snapshot import SnapshotState
 from cdcd.wire.dsn import ConnParams, parse_dsn
 from cdcd.wire.session import DEFAULT_GUCS
 
@@ -415,13 +415,3 @@ class Source:
             )
         finally:
             await conn.close()
-
-
-#: the slot's wal_status, safe_wal_size, the server's WAL position (replayed, on a standby) and
-#: the WAL the slot retains
-SLOT_HEALTH_SQL = (
-    "SELECT wal_status, safe_wal_size, w.lsn::text, pg_wal_lsn_diff(w.lsn, restart_lsn)::int8 "
-    "FROM pg_replication_slots, (SELECT CASE WHEN pg_is_in_recovery() "
-    "THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn) w "
-    "WHERE slot_name = $1"
-)
