@@ -19,6 +19,7 @@ from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
 from cdcd.lsn import parse_lsn
 from cdcd.pipeline.incremental import IncrementalState
 from cdcd.pipeline.watermarks import SIGNAL
+from cdcd.progress_rate import duration
 from cdcd.source import conn_params, open_sql
 from cdcd.source.queries import emit_message
 from cdcd.source.snapshot import key_problem, primary_key, published_tables
@@ -66,8 +67,11 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
 
 
 def status(config: Config, out: TextIO = sys.stdout, follow: bool = False) -> int:
-    """Per table: status, rows durable in every sink / estimated rows, last key; with
-    ``follow``, then the progress of those running until they end."""
+    """Per table: status, rows durable in every sink / estimated rows, percent, bytes read,
+    and while running the last rate and the ETA at it; with ``follow``, then the progress of
+    those running until they end."""
+    from tqdm import tqdm
+
     if follow:
         return snapshot_follow.follow(config, None, out=out)
     state = IncrementalState(config.snapshot.state_dir, config.source.slot)
@@ -75,15 +79,25 @@ def status(config: Config, out: TextIO = sys.stdout, follow: bool = False) -> in
         out.write(f"no incremental snapshot recorded in {state.path}\n")
         return EXIT_OK
     width = max(len(name) for name in state.tables)
-    out.write(f"{'table':<{width}}  {'status':<8}  {'rows':>10}  {'estimate':>10}  done\n")
+    out.write(
+        f"{'table':<{width}}  {'status':<8}  {'rows':>10}  {'estimate':>10}  {'done':>5}  "
+        f"{'bytes':>7}  {'rows/s':>8}  ETA\n"
+    )
     for name, t in state.tables.items():
-        estimate = t.get("estimate") or 0
+        estimate = int(t.get("estimate") or 0)
         rows = int(t.get("rows") or 0)
         if t["status"] == "done":
             pct = "100%"
         else:
             pct = f"{min(99.9, 100 * rows / estimate):.1f}%" if estimate else "-"
-        out.write(f"{name:<{width}}  {t['status']:<8}  {rows:>10}  {estimate:>10}  {pct}\n")
+        size = tqdm.format_sizeof(int(t.get("bytes") or 0), "B", 1024)
+        rate = t.get("rows_per_s") if t["status"] == "running" else None
+        eta = (estimate - rows) / rate if rate and estimate > rows else None
+        speed = "-" if rate is None else f"{rate:,}"
+        out.write(
+            f"{name:<{width}}  {t['status']:<8}  {rows:>10}  {estimate:>10}  {pct:>5}  "
+            f"{size:>7}  {speed:>8}  {duration(eta) if rate else '-'}\n"
+        )
     return EXIT_OK
 
 

@@ -152,6 +152,7 @@ class _Done:
     last_key: list[str | None] | None
     rows: int
     finished: bool
+    bytes: int = 0
 
 
 class IncrementalSnapshot:
@@ -271,6 +272,10 @@ class IncrementalSnapshot:
                 continue  # requested again meanwhile: starts over
             entry["last_key"] = item.last_key
             entry["rows"] = item.rows
+            entry["bytes"] = item.bytes
+            progress = self.stats.snapshots.get(item.table)
+            rate = progress.meter.rate if progress is not None else None
+            entry["rows_per_s"] = None if rate is None else round(rate)  # for cdcd snapshot status
             if item.finished:
                 entry["status"] = "done"
         del self._undurable[:done]
@@ -313,7 +318,7 @@ class IncrementalSnapshot:
             resumed_after=last_key,
         )
         progress = self.stats.snapshots[name] = TableSnapshot(
-            "running", rows_done, int(entry["estimate"] or 0)
+            "running", rows_done, int(entry["estimate"] or 0), bytes=int(entry.get("bytes") or 0)
         )
         started = last_log = described = time.monotonic()
         failed = False  # the last chunk could not be read
@@ -394,7 +399,9 @@ class IncrementalSnapshot:
             if time.monotonic() - last_log >= _LOG_EVERY:
                 last_log = time.monotonic()
                 _log_progress(name, progress)
-            self._undurable.append(_Done(name, result.end_lsn, last_key, rows_done, finished))
+            self._undurable.append(
+                _Done(name, result.end_lsn, last_key, rows_done, finished, progress.bytes)
+            )
             if result.end_lsn:
                 log.debug(
                     "chunk queued",

@@ -12,6 +12,7 @@ from cdcd.config.loading import parse_config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
 from cdcd.pipeline.incremental import IncrementalState
 from cdcd.progress_rate import RateMeter, duration
+from cdcd.snapshot_command import status
 from cdcd.snapshot_follow import follow, line
 
 
@@ -140,3 +141,26 @@ def test_follow_with_nothing_running(tmp_path: Path) -> None:
     out = io.StringIO()
     assert follow(_config(tmp_path), None, out=out, tty=False) == EXIT_OK  # type: ignore[arg-type]
     assert out.getvalue() == "no incremental snapshot running\n"
+
+
+def test_status_shows_bytes_rate_and_eta(tmp_path: Path) -> None:
+    daemon = IncrementalState(tmp_path, "s")
+    daemon.tables = {
+        "public.t": {
+            "status": "running",
+            "rows": 40_000,
+            "estimate": 100_000,
+            "last_key": ["40000"],
+            "bytes": 3 * 1024**2,
+            "rows_per_s": 12_000,
+        },
+        "public.u": {"status": "done", "rows": 7, "estimate": 5, "last_key": None},
+    }
+    daemon.save()
+    out = io.StringIO()
+    assert status(_config(tmp_path), out) == EXIT_OK  # type: ignore[arg-type]
+    assert out.getvalue().splitlines() == [
+        "table     status          rows    estimate   done    bytes    rows/s  ETA",
+        "public.t  running        40000      100000  40.0%   3.00MB    12,000  5s",
+        "public.u  done               7           5   100%    0.00B         -  -",
+    ]
