@@ -20,7 +20,7 @@ from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication.client import SlotExists
 from cdcd.source import queries
 from cdcd.source import slot as slots
-from cdcd.source.snapshot import SnapshotState
+from cdcd.source.snapshot import SnapshotState, incremental_state_path
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -127,9 +127,16 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
                 f"confirmed={format_lsn(info.confirmed_flush_lsn or 0)} lag={_size(lag)} "
                 f"safe_wal_size={_size(info.safe_wal_size)}"
             )
-            if info.invalidated:
+            lost = info.invalidated
+            if lost:
                 detail += f" invalidated ({info.invalidation_reason or 'wal_removed'})"
-            status = FAIL if info.invalidated or (info.plugin not in (None, "pgoutput")) else OK
+                if src.on_slot_lost == "recreate":
+                    detail += (
+                        ": on_slot_lost is recreate, cdcd replaces it at start (reset, backfill)"
+                    )
+                    lost = False
+            bad = lost or info.plugin not in (None, "pgoutput")
+            status = FAIL if bad else WARN if info.invalidated else OK
             if status == OK and lag is not None and lag > src.retained_wal_warning:
                 status = WARN
             findings.append(Finding("slot", status, detail))
@@ -367,6 +374,7 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
         if action == "drop":
             # cdcd starts over: a new slot and a new snapshot (see Source.prepare)
             SnapshotState(config.snapshot.state_dir, src.slot).path.unlink(missing_ok=True)
+            incremental_state_path(config.snapshot.state_dir, src.slot).unlink(missing_ok=True)
             client = await source.replication_client()
             try:
                 await client.drop_slot(src.slot)

@@ -11,7 +11,9 @@
     ├── SpillError                 the spill directory failed (disk full, permissions): stop
     ├── SourceError                a problem with the PostgreSQL source
     │   ├── DefiniteSourceError    wal_level, slot lost, publication missing, auth,
-    │   │                          permission denied: stop, exit 3, say what to do
+    │   │   │                      permission denied: stop, exit 3, say what to do
+    │   │   └── SlotLostError      the slot is invalidated or gone: exit 3, or, with
+    │   │                          source.on_slot_lost: recreate, a new slot and a backfill
     │   └── TransientSourceError   connection lost, server restarting: reconnect with backoff
     └── SinkError                  a sink could not make data durable
         ├── DefiniteSinkError      oversized record, authorization, bad path: stop
@@ -79,6 +81,16 @@ class DefiniteSourceError(SourceError):
     """The source cannot work until an operator acts: exit 3 with what to do."""
 
     exit_code = EXIT_SOURCE
+
+
+class SlotLostError(DefiniteSourceError):
+    """The replication slot is invalidated or no longer exists; ``reason`` says why
+    (``wal_removed``, ``idle_timeout``, ``rows_removed``, ``wal_level_insufficient``,
+    ``missing``, or the server's words)."""
+
+    def __init__(self, message: str, *, reason: str = "invalidated") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class TransientSourceError(SourceError):

@@ -106,6 +106,11 @@ class StatsCollector(Collector):
         yield CounterMetricFamily(
             "cdcd_reconnects", "reconnections to the source after a failure", value=s.reconnects
         )
+        yield CounterMetricFamily(
+            "cdcd_slot_recreated",
+            "replication slots replaced after being lost (source.on_slot_lost: recreate)",
+            value=s.slot_recreations,
+        )
         yield GaugeMetricFamily(
             "cdcd_acknowledged_lsn",
             "LSN confirmed to the server (flush position)",

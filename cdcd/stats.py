@@ -99,6 +99,11 @@ class Stats:
     slot_wal_status: str | None = None
     slot_safe_wal_size: int | None = None
     slot_retained_bytes: int = 0
+    #: slots replaced under source.on_slot_lost: recreate (cdcd.pipeline.recreate), the last
+    #: one's reason and time (Unix seconds)
+    slot_recreations: int = 0
+    slot_recreated_reason: str | None = None
+    slot_recreated_at: float | None = None
     # the assembler's gauges, refreshed by the reader after each batch
     buffered_bytes: int = 0
     spilled_bytes: int = 0

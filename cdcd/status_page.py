@@ -68,6 +68,13 @@ def collect(s: Stats) -> dict[str, Any]:
         "events_per_second": events_rate,
         "transactions_per_second": txn_rate,
         "reconnects": s.reconnects,
+        "slot_recreated": {
+            "count": s.slot_recreations,
+            "reason": s.slot_recreated_reason,
+            "at": datetime.fromtimestamp(s.slot_recreated_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            if s.slot_recreated_at is not None
+            else None,
+        },
         "slot_wal_status": s.slot_wal_status,
         "retained_wal_bytes": s.slot_retained_bytes,
         "snapshot_rows": snapshot_rows,
@@ -107,6 +114,13 @@ table.grid th, table.grid td { border-bottom: 1px solid #d5d9e0; }
 """
 
 
+def _recreated(info: dict[str, Any] | None) -> str:
+    """``source.on_slot_lost: recreate``: how often, and the last time and reason."""
+    if not info or not info["count"]:
+        return "never"
+    return f"{info['count']} time(s), last {info['at']} ({info['reason']})"
+
+
 def _percent(p: dict[str, Any]) -> str:
     if p["status"] == "done":
         return "100%"
@@ -137,6 +151,7 @@ def render(data: dict[str, Any]) -> bytes:
             ),
             _row("snapshot rows read", f"{data['snapshot_rows']:,}", "snapshot"),
             _row("reconnects", data["reconnects"], "reconnects"),
+            _row("slot recreated", _recreated(data.get("slot_recreated")), "slot-recreated"),
             _row(
                 "slot WAL",
                 f"{data['slot_wal_status'] or 'unknown'}, retains {_size(data['retained_wal_bytes'])}",

@@ -201,10 +201,13 @@ def apply_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     (a table without key: duplicate rows are kept); unchanged-TOAST markers keep the previous
     value. The create of a key change (``source.old_key``) takes its unchanged-TOAST values
     from the row held under ``old_key`` just before (which the delete before it removed),
-    the consumer rule of README "Change events". Returns the rows (unordered)."""
+    the consumer rule of README "Change events". After the reset of a recreated slot, a delete
+    may name a row not backfilled yet (README "High availability"). Returns the rows
+    (unordered)."""
     keyed: dict[str, dict[str, Any]] = {}
     keyless: list[dict[str, Any]] = []
     removed: dict[str, dict[str, Any]] = {}  # the last row deleted under each key
+    reset = False  # a recreated slot's reset seen: rows not backfilled yet may be deleted
 
     def take_keyless(before: dict[str, Any] | None) -> dict[str, Any]:
         assert before is not None, "update/delete of a keyless table without a before image"
@@ -220,6 +223,7 @@ def apply_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         if op == "t":
             keyed.clear()
             keyless.clear()
+            reset = reset or event["source"].get("snapshot") == "reset"
         elif op in ("c", "r"):
             if ident is None:
                 keyless.append(event["after"])
@@ -239,8 +243,9 @@ def apply_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 take_keyless(event["before"])
             else:
                 row = keyed.pop(ident, None)
-                assert row is not None, f"delete of an unknown row {key}"
-                removed[ident] = row
+                assert row is not None or reset, f"delete of an unknown row {key}"
+                if row is not None:
+                    removed[ident] = row
     return list(keyed.values()) + keyless
 
 

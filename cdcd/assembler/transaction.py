@@ -23,7 +23,7 @@ from typing import Literal
 
 from cdcd.decoder.events import Change, Relation
 
-TransactionKind = Literal["regular", "streamed", "prepared", "message", "snapshot"]
+TransactionKind = Literal["regular", "streamed", "prepared", "message", "snapshot", "reset"]
 
 
 @dataclass(frozen=True, slots=True, init=False)

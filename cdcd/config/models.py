@@ -99,7 +99,8 @@ class SourceConfig(_Model):
     origin: Annotated[Literal["any", "none"], BeforeValidator(_lowercase)] = "any"
     #: create the slot with FAILOVER (17+) so a standby synchronises it; auto: on 17+
     failover: Annotated[Literal["auto"] | bool, BeforeValidator(_lowercase)] = "auto"
-    #: what to do when the slot is invalidated or missing after a failover: fail (exit 3)
+    #: what to do when the slot is invalidated or missing: fail (exit 3), or recreate (a new
+    #: slot, a reset marker per table and an incremental backfill; README "High availability")
     on_slot_lost: Annotated[Literal["fail", "recreate"], BeforeValidator(_lowercase)] = "fail"
     status_interval: Duration = 10.0
     connect_timeout: Duration = 10.0
@@ -165,11 +166,11 @@ class SourceConfig(_Model):
 
     @field_validator("on_slot_lost")
     @classmethod
-    def _check_on_slot_lost(cls, policy: str) -> str:
-        if policy == "recreate":
+    def _check_on_slot_lost(cls, policy: str, info: ValidationInfo) -> str:
+        if policy == "recreate" and info.data.get("binary"):
             raise ValueError(
-                "'recreate' is not supported yet (it needs incremental snapshots to backfill "
-                "without losing deletes); use 'fail' and re-create the slot by hand"
+                "'recreate' backfills with incremental snapshots, which do not work with "
+                "source.binary: true (turn binary off, or use 'fail')"
             )
         return policy
 

@@ -60,7 +60,9 @@ Rules the encoder implements (README "Change events"):
   when the table has none. Truncates have no key; logical messages have ``{"prefix": ...}``
   (Debezium's message key).
 - A Truncate of several tables is one op ``t`` event per table, consecutive, each with
-  ``source.truncate = {"cascade", "restart_identity"}``.
+  ``source.truncate = {"cascade", "restart_identity"}``. A transaction of kind ``"reset"`` (a
+  recreated slot, :mod:`cdcd.pipeline.recreate`) is such truncates with
+  ``source.snapshot = "reset"``.
 - Logical messages are op ``m`` with ``message = {"prefix", "content": base64}`` and
   ``source.transactional``. A non-transactional one (a Transaction of kind ``"message"``) has
   position ``(its LSN - 1, 0)`` (the assembler's commit LSN for it: inside the message's own
@@ -164,6 +166,8 @@ class Encoder:
             transactional,
         )
         clock = self._clock
+        # the reset of a recreated slot: truncates marked as such (cdcd.pipeline.recreate)
+        marked = "reset" if txn.kind == "reset" else "false"
         collections: dict[int | None, int] = {}
         seq = 0
         prev_lsn: int | None = None
@@ -189,7 +193,19 @@ class Encoder:
                 dco = collections.get(oid, 0) + 1
                 collections[oid] = dco
                 yield ChangeEvent(
-                    op, rel, info, lsn, seq, dco, prev_lsn, ts_ms, before, after, fill, extra
+                    op,
+                    rel,
+                    info,
+                    lsn,
+                    seq,
+                    dco,
+                    prev_lsn,
+                    ts_ms,
+                    before,
+                    after,
+                    fill,
+                    extra,
+                    marked,
                 )
                 seq += 1
                 prev_lsn = lsn

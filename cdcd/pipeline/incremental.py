@@ -40,6 +40,7 @@ from cdcd.source.queries import emit_message
 from cdcd.source.snapshot import (
     SnapshotTable,
     chunk_sql,
+    incremental_state_path,
     key_problem,
     primary_key,
     published_tables,
@@ -93,7 +94,7 @@ class IncrementalState:
     its last durable chunk, the rows emitted and the estimate; written atomically (fsynced)."""
 
     def __init__(self, state_dir: Path, slot: str) -> None:
-        self.path = state_dir / f"{slot}.incremental.json"
+        self.path = incremental_state_path(state_dir, slot)
         self.tables: dict[str, dict[str, Any]] = {}
         self.last_signal = 0  # end LSN of the last signal taken (they are sent again)
         self.known: list[str] | None = None  # the published tables at the last look
@@ -184,6 +185,12 @@ class IncrementalSnapshot:
         log.info("incremental snapshot requested", tables=tables)
         self.state.request(tables)
         self._wake.set()
+
+    def restart(self, tables: list[str]) -> None:
+        """Backfill ``tables`` from their first key, now (a recreated slot): the chunk in
+        flight is abandoned, since the new slot may never carry its watermarks."""
+        self.watermarks.abandon()
+        self.request(tables)
 
     async def run(self) -> None:
         cfg = self.config.snapshot

@@ -30,6 +30,7 @@ from cdcd.pipeline.acker import Acker
 from cdcd.pipeline.incremental import IncrementalSnapshot
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.reader import Reader
+from cdcd.pipeline.recreate import SlotRecreator
 from cdcd.pipeline.slot_watch import watch_slot
 from cdcd.pipeline.snapshot import initial_snapshot
 from cdcd.pipeline.supervisor import Supervisor
@@ -57,6 +58,7 @@ class Pipeline:
         self.reader: Reader | None = None
         self.tracker: ProgressTracker | None = None
         self.incremental: IncrementalSnapshot | None = None
+        self.recreator: SlotRecreator | None = None
         self._stop = asyncio.Event()
         self._latency = LatencyLog.from_env()  # bench/run.py only (cdcd.benchlog)
 
@@ -126,6 +128,14 @@ class Pipeline:
                 watermarks=self.incremental.watermarks,
             )
             supervisor = Supervisor(source, reader, catalog, self.stats, self._stop)
+            self.recreator = SlotRecreator(
+                cfg, source, writer, tracker, catalog, self.incremental, self.stats
+            )
+            if cfg.source.on_slot_lost == "recreate":
+                supervisor.on_slot_lost = self.recreator.after_loss
+            if source.recreated is not None:  # replaced at start-up: reset, then backfill
+                assert source.consistent_point is not None
+                await self.recreator.reset(source.consistent_point, source.recreated)
             self.acker = Acker(
                 tracker, assembler, writer, reader, supervisor, self.stats, self._stop
             )
@@ -156,6 +166,8 @@ class Pipeline:
         }
         if self.incremental is not None:
             tasks.add(asyncio.create_task(self.incremental.run(), name="incremental-snapshot"))
+        if self.recreator is not None:
+            tasks.add(asyncio.create_task(self.recreator.run(), name="slot-recreate"))
         stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
         tasks.add(stop_waiter)
         if self._latency is not None:
@@ -191,6 +203,8 @@ class Pipeline:
             await acker.acknowledge(final=True)
             if self.incremental is not None:
                 self.incremental.record_durable()
+            if self.recreator is not None:
+                self.recreator.record_durable()
             return EXIT_OK
         finally:
             for task in tasks:

@@ -4,8 +4,10 @@ Failures are classified by :mod:`cdcd.errors`, and this module acts on the class
 :class:`~cdcd.errors.TransientSourceError` (connection lost, server restarting, standby not
 promoted yet) reconnects after a backoff that doubles from ``source.reconnect_min_backoff`` to
 ``source.reconnect_max_backoff``, until ``source.give_up_after`` seconds of consecutive failures
-(then it becomes definite); anything else propagates and stops the daemon (``cdcd.runtime`` maps
-it to an exit code). A session that streamed resets the backoff.
+(then it becomes definite); a :class:`~cdcd.errors.SlotLostError` goes to :attr:`on_slot_lost`
+when set (``source.on_slot_lost: recreate``), then streaming resumes from the new slot; anything
+else propagates and stops the daemon (``cdcd.runtime`` maps it to an exit code). A session that
+streamed resets the backoff.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
-from cdcd.errors import DefiniteSourceError, TransientSourceError
+from cdcd.errors import DefiniteSourceError, SlotLostError, TransientSourceError
 from cdcd.pipeline.reader import Reader
 from cdcd.replication.client import ReplicationClient
 from cdcd.source.catalog import LiveCatalog
@@ -44,15 +47,31 @@ class Supervisor:
         self._stop = stop
         self.client: ReplicationClient | None = None
         self._catalog_stale = False  # the source was lost: reconnect the catalog too
+        #: source.on_slot_lost: recreate (cdcd.pipeline.recreate): replaces a lost slot, after
+        #: which streaming resumes from the new one; None: a lost slot stops the daemon
+        self.on_slot_lost: Callable[[SlotLostError], Awaitable[None]] | None = None
 
     async def run(self) -> None:
         src = self.source.config.source
         backoff = src.reconnect_min_backoff
         failing_since: float | None = None
+        lost: SlotLostError | None = None
         while not self._stop.is_set():
             try:
+                if self._catalog_stale:
+                    self.catalog.use_connection(await self.source.reconnect_catalog())
+                    self._catalog_stale = False
+                if lost is not None:  # replace it (retried like a session when the source fails)
+                    await self.on_slot_lost(lost)  # type: ignore[misc]
+                    lost = None
                 await self._session()
                 return  # endpos reached or stop requested
+            except SlotLostError as exc:
+                if self.on_slot_lost is None or lost is not None:  # no policy, or it failed
+                    raise
+                self.stats.connected = self.stats.streaming = False
+                await self.close_client()
+                lost = exc
             except TransientSourceError as exc:
                 stats = self.stats
                 if stats.streaming:  # it had been streaming: a new run of failures starts
@@ -77,9 +96,6 @@ class Supervisor:
                 backoff = min(backoff * 2, src.reconnect_max_backoff)
 
     async def _session(self) -> None:
-        if self._catalog_stale:
-            self.catalog.use_connection(await self.source.reconnect_catalog())
-            self._catalog_stale = False
         client = await self.source.replication_client()
         self.client = client
         client.on_notice = self._on_server_notice

@@ -121,6 +121,13 @@ class Watermarks:
         if self._chunk is chunk:
             self._chunk = None
 
+    def abandon(self) -> None:
+        """Give up the chunk in flight (the slot was recreated: its watermarks may never come
+        back); the snapshot reads it again."""
+        chunk, self._chunk = self._chunk, None
+        if chunk is not None and not chunk.done.done():
+            chunk.done.set_result(ChunkResult(retry=True))
+
     def observe(self, txn: Transaction, mark: Message | None) -> Transaction | None:
         """The transaction to queue in place of ``txn`` (``txn`` itself, a snapshot chunk at
         a high watermark) or None to drop it (a watermark or signal). ``mark``: :func:`marker`

@@ -27,11 +27,12 @@ import asyncpg
 import structlog
 
 from cdcd.config import Config, SourceConfig
-from cdcd.errors import ConfigError, DefiniteSourceError, TransientSourceError
+from cdcd.errors import ConfigError, DefiniteSourceError, SlotLostError, TransientSourceError
+from cdcd.lsn import format_lsn
 from cdcd.replication.client import ReplicationClient, SlotExists
 from cdcd.replication.hosts import Role, connect_first
 from cdcd.source import slot as slots
-from cdcd.source.snapshot import SnapshotState
+from cdcd.source.snapshot import RecreateState, SnapshotState, streamed_before
 from cdcd.wire.dsn import ConnParams, parse_dsn
 from cdcd.wire.session import DEFAULT_GUCS
 
@@ -130,6 +131,8 @@ class Source:
         self.database = self.params.dbname or ""
         self.slot_created = False
         self.consistent_point: int | None = None
+        #: set by :meth:`recreate_slot`: why the slot was replaced, for the pipeline's reset
+        self.recreated: str | None = None
 
     def where(self) -> str:
         """The server the catalog connection reached (``host:port``), else the DSN's hosts."""
@@ -214,16 +217,24 @@ class Source:
             await self.drop_slot()
             info = None
         plan: SnapshotPlan | None = None
-        if info is None and state.path.exists() and not state.running():
-            # This cdcd snapshotted through the slot before: it was dropped, or lost in a
-            # failover to a server that did not have it. A new slot would silently skip
-            # everything in between.
-            raise DefiniteSourceError(
+        if src.on_slot_lost == "recreate":
+            lost = self._lost_reason(info)
+            if lost is not None:
+                await self.recreate_slot(lost)
+                info = await slots.slot_info(conn, src.slot)
+        history = streamed_before(self.config.snapshot.state_dir, src.slot)
+        if info is None and history is not None:
+            # This cdcd streamed from the slot before: it was dropped, or lost in a failover
+            # to a server that did not have it. A new slot would silently skip everything in
+            # between.
+            raise SlotLostError(
                 f"replication slot {src.slot!r} no longer exists on {self.where()}, but cdcd "
-                f"streamed from it before ({state.path}): it was dropped, or lost in a failover "
+                f"streamed from it before ({history}): it was dropped, or lost in a failover "
                 "(not a failover slot, or not synchronised to the promoted standby). Changes "
                 "since were lost. To start over with a new slot and a new snapshot, run 'cdcd "
-                f"slot drop' (or remove {state.path})"
+                f"slot drop' (or remove {history}); or set source.on_slot_lost: recreate "
+                "(README, High availability)",
+                reason="missing",
             )
         if info is None:
             if not src.create_slot:
@@ -261,6 +272,64 @@ class Source:
                 "primary: cdcd may publish changes no standby has yet (README, High availability)",
                 slot=self.config.source.slot,
             )
+
+    def _lost_reason(self, info: Any) -> str | None:
+        """Why the slot must be replaced (``source.on_slot_lost: recreate``), or None: it is
+        invalidated, it is gone although cdcd streamed from it before, or a recreation did not
+        finish (its reset events may not be durable: done again on a fresh slot)."""
+        pending = RecreateState(self.config.snapshot.state_dir, self.config.source.slot).pending()
+        if pending is not None:
+            return pending
+        if info is None:
+            history = streamed_before(self.config.snapshot.state_dir, self.config.source.slot)
+            return "missing" if history is not None else None
+        if info.invalidated:
+            return str(info.invalidation_reason or "wal_removed")
+        return None
+
+    async def recreate_slot(self, reason: str) -> int:
+        """Replace a lost slot (``source.on_slot_lost: recreate``): drop it if it is still
+        there, create a new one (no exported snapshot: the pipeline backfills every table with
+        an incremental snapshot) and return its consistent point. :class:`RecreateState` is
+        written first, so an interruption from here until the reset is durable recreates the
+        slot again at the next start."""
+        src = self.config.source
+        client = await self.replication_client()
+        try:
+            if client.in_hot_standby:
+                raise SlotLostError(
+                    f"replication slot {src.slot!r} is lost ({reason}) and cdcd is connected to "
+                    "a standby: on_slot_lost: recreate backfills with incremental snapshots, "
+                    "whose watermarks only the primary can write. Point cdcd at the primary, "
+                    "or drop the slot ('cdcd slot drop') and take a new initial snapshot",
+                    reason=reason,
+                )
+            RecreateState(self.config.snapshot.state_dir, src.slot).start(reason)
+            log.warning(
+                "replication slot lost; source.on_slot_lost is recreate: replacing it, then "
+                "resetting and backfilling every published table",
+                slot=src.slot,
+                reason=reason,
+            )
+            try:
+                await client.drop_slot(src.slot)
+            except DefiniteSourceError as exc:
+                if "does not exist" not in str(exc):
+                    raise
+            failover = self._failover_for(client)
+            created = await client.create_slot(src.slot, two_phase=src.two_phase, failover=failover)
+        finally:
+            await client.close()
+        self.slot_created = True
+        self.consistent_point = created.consistent_point
+        self.recreated = reason
+        log.warning(
+            "replication slot recreated",
+            slot=src.slot,
+            reason=reason,
+            consistent_point=format_lsn(created.consistent_point),
+        )
+        return created.consistent_point
 
     async def create_slot_with_snapshot(self, state: SnapshotState) -> SnapshotPlan:
         """Create the slot exporting its snapshot; the connection stays open for the reader."""
@@ -311,9 +380,12 @@ class Source:
                 "rows_removed": "rows it needed were vacuumed away (a standby's slot conflict)",
                 "wal_level_insufficient": "wal_level was lowered below logical",
             }.get(reason, reason)
-            raise DefiniteSourceError(
+            raise SlotLostError(
                 f"replication slot {src.slot!r} is invalidated ({reason}): {why}. Changes were "
-                "lost; drop the slot ('cdcd slot drop'), re-create it and re-snapshot the tables"
+                "lost; drop the slot ('cdcd slot drop'), re-create it and re-snapshot the "
+                "tables, or set source.on_slot_lost: recreate to have cdcd do it (README, High "
+                "availability)",
+                reason=reason,
             )
         if src.two_phase and info.two_phase is False:
             log.warning(

@@ -66,6 +66,63 @@ class SnapshotTable:
     row_filter: str | None
 
 
+def write_state(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` atomically and durably (fsynced file and folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("." + path.name + ".tmp")
+    with tmp.open("w") as fh:
+        fh.write(json.dumps(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a crash
+    finally:
+        os.close(fd)
+
+
+def incremental_state_path(state_dir: Path, slot: str) -> Path:
+    """Where the incremental snapshot keeps its progress (``cdcd.pipeline.incremental``)."""
+    return state_dir / f"{slot}.incremental.json"
+
+
+def streamed_before(state_dir: Path, slot: str) -> Path | None:
+    """The state file that shows cdcd streamed from ``slot`` before (a finished initial
+    snapshot, or the incremental snapshot's state), None when there is none or an initial
+    snapshot is still unfinished (then a new slot is expected)."""
+    snapshot = SnapshotState(state_dir, slot)
+    if snapshot.running():
+        return None
+    for path in (snapshot.path, incremental_state_path(state_dir, slot)):
+        if path.exists():
+            return path
+    return None
+
+
+class RecreateState:
+    """``<state_dir>/<slot>.recreate.json``: a slot recreation (``source.on_slot_lost:
+    recreate``) whose reset events are not durable in every sink yet. Written before the lost
+    slot is dropped and removed once the reset is durable: a start that finds it recreates the
+    slot again, so a crash in between cannot leave a new slot without the reset before it."""
+
+    def __init__(self, state_dir: Path, slot: str) -> None:
+        self.path = state_dir / f"{slot}.recreate.json"
+
+    def pending(self) -> str | None:
+        """Why the unfinished recreation started; None when there is none."""
+        try:
+            return str(json.loads(self.path.read_text()).get("reason") or "unknown")
+        except FileNotFoundError:
+            return None
+
+    def start(self, reason: str) -> None:
+        write_state(self.path, {"status": "pending", "reason": reason})
+
+    def finish(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 class SnapshotState:
     """``<state_dir>/<slot>.snapshot.json``: whether a snapshot for the slot is unfinished."""
 
@@ -79,18 +136,7 @@ class SnapshotState:
             return False
 
     def _write(self, data: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name("." + self.path.name + ".tmp")
-        with tmp.open("w") as fh:
-            fh.write(json.dumps(data))
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself survives a crash
-        finally:
-            os.close(fd)
+        write_state(self.path, data)
 
     def start(self, consistent_point: int | None = None) -> None:
         """A snapshot is under way. Written before the slot is created (``None``: no slot yet)

@@ -3,7 +3,7 @@ mapped, each to a definite or a transient :mod:`cdcd.errors` class with what to 
 
 from __future__ import annotations
 
-from cdcd.errors import DefiniteSourceError, SourceError, TransientSourceError
+from cdcd.errors import DefiniteSourceError, SlotLostError, SourceError, TransientSourceError
 from cdcd.wire import frontend
 from cdcd.wire.messages import ServerMessage
 
@@ -44,7 +44,7 @@ def source_error(err: ServerMessage, *, user: str = "", context: str = "") -> So
         )
     if code == "55000":
         if any(s in f"{lowered} {err.detail or ''}".lower() for s in _SLOT_LOST):
-            return DefiniteSourceError(
+            return SlotLostError(
                 f"{head}{text}. The slot was invalidated (it fell behind "
                 "max_slot_wal_keep_size or was otherwise lost): drop and re-create the slot "
                 "and take a new snapshot; changes in between are gone"
@@ -54,6 +54,12 @@ def source_error(err: ServerMessage, *, user: str = "", context: str = "") -> So
                 f"{head}{text}. Set wal_level=logical in postgresql.conf and restart the server"
             )
         return DefiniteSourceError(f"{head}{text} (SQLSTATE 55000): fix the server state first")
+    if code == "42704" and "replication slot" in lowered:
+        return SlotLostError(
+            f"{head}{text}. Create it (cdcd slot create, or source.create_slot), or set "
+            "source.on_slot_lost: recreate if it was lost (README, High availability)",
+            reason="missing",
+        )
     if code == "42704":
         return DefiniteSourceError(
             f"{head}{text}. Create it (cdcd slot create, or create_slot/create_publication in "

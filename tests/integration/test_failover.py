@@ -14,7 +14,9 @@ and physical standby (``tests.pgharness.PgPair``: ``pg_basebackup -R``,
 * the same with cdcd SIGKILLed during the failover and started again;
 * a planned switchover (the old primary shut down cleanly first);
 * a slot invalidated by ``max_slot_wal_keep_size`` with ``on_slot_lost: fail``: exit 3 and a
-  message saying so;
+  message saying so (``recreate``, and ``fail`` on every version: ``test_slot_lost.py``);
+* a slot that is not a failover slot, lost at a promotion: exit 3; with ``on_slot_lost:
+  recreate`` cdcd replaces it on the new primary, resets and backfills every table;
 * a server that is down when ``cdcd run`` starts: cdcd retries with the reconnect backoff and
   streams once the server is up.
 
@@ -606,6 +608,15 @@ def test_decoding_on_a_standby(tmp_path: Path, major: int) -> None:
         assert not pair.primary.fetch(
             f"SELECT 1 FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
         )
+        # on_slot_lost: recreate cannot backfill from a standby: it says so, keeps its state
+        standby.execute(f"SELECT pg_drop_replication_slot('{SLOT}')", DB)
+        settings = yaml.safe_load(cfg.read_text())
+        settings["source"]["on_slot_lost"] = "recreate"
+        cfg.write_text(yaml.safe_dump(settings))
+        lost = run_cdcd("run", "--config", str(cfg), check=False)
+        assert lost.returncode == 3, lost.stdout + lost.stderr
+        assert "connected to a standby" in lost.stdout + lost.stderr
+        assert not (tmp_path / "cdcd-state" / f"{SLOT}.recreate.json").exists()
 
 
 def test_slot_lost_at_a_failover(tmp_path: Path, pair: PgPair) -> None:
@@ -637,3 +648,45 @@ def test_slot_lost_at_a_failover(tmp_path: Path, pair: PgPair) -> None:
     run_cdcd("run", "--config", str(cfg), "--endpos", endpos)  # a new slot and snapshot
     snapshots = {e["source"]["commit_lsn"] for e in all_events(out) if e["op"] == "r"}
     assert len(snapshots) == 2
+
+
+def test_slot_lost_at_a_failover_recreated(tmp_path: Path, pair: PgPair) -> None:
+    """The same loss with ``source.on_slot_lost: recreate``: cdcd creates a slot on the
+    promoted standby by itself, resets every table and backfills it; rows deleted on the new
+    primary before the new slot existed are gone from the rebuilt tables too."""
+    cfg = config(tmp_path, pair, failover=False, on_slot_lost="recreate")
+    log = tmp_path / "cdcd.log"
+    out = tmp_path / "out"
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    try:
+        wait_for("cdcd to catch up", caught_up(out, pair.primary))
+        pair.wait_replayed()
+        pair.primary.stop("immediate")
+        pair.promote()
+        pair.primary.execute(  # perhaps before cdcd has a slot there: only the backfill has it
+            "DELETE FROM acct WHERE id <= 5; UPDATE acct SET balance = 7 WHERE id = 6;"
+            "INSERT INTO ledger VALUES (900001, 6, 7)",
+            DB,
+        )
+        wait_for("the new slot", lambda: "replication slot recreated" in log_text(log))
+        assert "replication slot lost while streaming" in log_text(log)
+        wait_for(
+            "the backfill",
+            lambda: log_text(log).count('"incremental snapshot of table done"') >= 2,
+            120,
+        )
+        pair.primary.execute("DELETE FROM acct WHERE id = 7", DB)
+        wait_for("cdcd to catch up on the new primary", caught_up(out, pair.primary), 90)
+        assert stop(proc) == 0, log_text(log)[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    events = list(all_events(out))
+    assert_no_duplicates(events)
+    for name in ("acct", "ledger"):
+        rows = checked_events(out, f"public.{name}")
+        resets = [e for e in rows if e["op"] == "t"]
+        assert len(resets) == 1 and resets[0]["source"]["snapshot"] == "reset", resets
+        rebuilt = comparable(apply_events(rows))
+        assert rebuilt == comparable(table(pair.primary, name)), f"{name}: files differ"

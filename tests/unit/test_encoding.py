@@ -7,7 +7,8 @@ import base64
 import orjson
 
 from cdcd import __version__
-from cdcd.decoder.events import TRUNCATE_CASCADE, TRUNCATE_RESTART_IDENTITY
+from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.decoder.events import TRUNCATE_CASCADE, TRUNCATE_RESTART_IDENTITY, Truncate
 from cdcd.lsn import pg_to_unix_us
 from tests.unit.sink_fixtures import (
     INT4,
@@ -373,3 +374,31 @@ def test_fast_json_is_byte_identical_to_serialising_the_value_dict() -> None:
         assert fresh.value_json() == orjson.dumps(cached.value())
         record = {**cached.value(), "key": cached.key()}
         assert fresh.record_json() == orjson.dumps(record)
+
+
+def test_reset_of_a_recreated_slot_is_truncates_marked_reset() -> None:
+    point = 0x5000
+    records = [
+        ChangeRecord(point - 1, Truncate(None, 0, (rel.oid,)), (rel,)) for rel in (ORDERS, ITEMS)
+    ]
+    txn = Transaction(
+        kind="reset",
+        xid=0,
+        commit_lsn=point - 1,
+        end_lsn=point,
+        commit_time=0,
+        size=2,
+        _records=records,
+    )
+    events = list(encoder().events(txn))
+    assert [(e.op, e.table, e.position) for e in events] == [
+        ("t", "orders", (point - 1, 0)),
+        ("t", "items", (point - 1, 1)),
+    ]
+    for event in events:
+        value = event.value()
+        assert value["source"]["snapshot"] == "reset"
+        assert value["source"]["truncate"] == {"cascade": False, "restart_identity": False}
+        assert event.key() is None and value["before"] is None and value["after"] is None
+    plain = TxnBuilder(13, 6000).truncate([ORDERS]).build()
+    assert next(encoder().events(plain)).source()["snapshot"] == "false"

@@ -68,7 +68,8 @@ def test_failover_config(given: object, expected: object) -> None:
 
 def test_on_slot_lost_config() -> None:
     assert SourceConfig(dsn="host=x").on_slot_lost == "fail"
-    with pytest.raises(ValueError, match="'recreate' is not supported yet"):
-        SourceConfig(dsn="host=x", on_slot_lost="recreate")
+    assert SourceConfig(dsn="host=x", on_slot_lost="Recreate").on_slot_lost == "recreate"
+    with pytest.raises(ValueError, match="incremental snapshots, which do not work with"):
+        SourceConfig(dsn="host=x", binary=True, on_slot_lost="recreate")
     with pytest.raises(ValueError, match="on_slot_lost"):
         SourceConfig(dsn="host=x", on_slot_lost="ignore")

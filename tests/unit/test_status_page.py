@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdcd.status_page import render
+from cdcd.stats import Stats
+from cdcd.status_page import collect, render
 
 
 def figures(**changes: Any) -> dict[str, Any]:
@@ -71,3 +72,18 @@ def test_names_are_escaped() -> None:
     ).decode()
     assert "<script>" not in page and "public.&lt;script&gt;" in page
     assert "cdcd &lt;b&gt;x&lt;/b&gt;" in page
+
+
+def test_slot_recreations() -> None:
+    assert '<td id="slot-recreated">never</td>' in render(figures()).decode()
+    stats = Stats(slot_recreations=1, slot_recreated_reason="idle_timeout", slot_recreated_at=0)
+    assert collect(stats)["slot_recreated"] == {
+        "count": 1,
+        "reason": "idle_timeout",
+        "at": "1970-01-01 00:00:00 UTC",
+    }
+    recreated = {"count": 2, "reason": "wal_removed", "at": "2026-01-01 00:00:00 UTC"}
+    page = render(figures(slot_recreated=recreated)).decode()
+    assert (
+        '<td id="slot-recreated">2 time(s), last 2026-01-01 00:00:00 UTC (wal_removed)</td>' in page
+    )

@@ -97,6 +97,19 @@ async def test_a_truncate_in_the_window_makes_the_chunk_read_again() -> None:
     assert chunk.done.result().retry
 
 
+async def test_an_abandoned_chunk_is_read_again_and_its_watermarks_ignored() -> None:
+    """A recreated slot may never carry the chunk's watermarks: the chunk is given up."""
+    marks = Watermarks(lambda tables, lsn: None)
+    chunk = Chunk("c1", REL, ("id",))
+    marks.arm(chunk)
+    feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"}))
+    chunk.rows = [row(1)]
+    marks.abandon()
+    assert chunk.done.result().retry and not marks.window_open
+    assert feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"})) is None
+    marks.abandon()  # nothing in flight: nothing happens
+
+
 async def test_stale_watermarks_and_signals_never_reach_the_sinks() -> None:
     asked: list[tuple[list[str], int]] = []
     marks = Watermarks(lambda tables, lsn: asked.append((tables, lsn)))

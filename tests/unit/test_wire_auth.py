@@ -13,6 +13,7 @@ from cdcd.errors import (
     DefiniteSourceError,
     LocalProtocolError,
     RemoteProtocolError,
+    SlotLostError,
     SourceError,
     TransientSourceError,
 )
@@ -440,7 +441,7 @@ def test_parse_server_message_fields() -> None:
         (
             "55000",
             'can no longer get changes from replication slot "s"',
-            DefiniteSourceError,
+            SlotLostError,
             ["re-create", "snapshot"],
         ),
         (
@@ -452,9 +453,10 @@ def test_parse_server_message_fields() -> None:
         (
             "42704",
             'replication slot "nope" does not exist',
-            DefiniteSourceError,
-            ["does not exist", "Create it"],
+            SlotLostError,
+            ["does not exist", "Create it", "on_slot_lost: recreate"],
         ),
+        ("42704", 'publication "p" does not exist', DefiniteSourceError, ["Create it"]),
         ("42710", 'replication slot "s" already exists', SlotExists, ["already exists"]),
         (
             "55006",
