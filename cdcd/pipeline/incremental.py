@@ -22,6 +22,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,8 +166,10 @@ class IncrementalSnapshot:
         source: Any,
         tracker: ProgressTracker,
         stats: Stats,
+        flush: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
+        self._flush = flush  # ask the sinks to flush now (the writer's request_flush)
         self.source = source
         self.tracker = tracker
         self.stats = stats
@@ -334,8 +337,10 @@ class IncrementalSnapshot:
         while self.state.tables.get(name) is entry:
             self.record_durable()
             # bounded: what a crash makes emit again (chunks not recorded yet) stays small
+            if len(self._undurable) >= self.config.snapshot.chunks_in_flight:
+                self._flush()  # rather than wait for the sinks' flush_interval
             while len(self._undurable) >= self.config.snapshot.chunks_in_flight:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.02)
                 self.record_durable()
             if time.monotonic() - described >= _POLL_SECONDS:
                 described = time.monotonic()

@@ -25,6 +25,7 @@ import psycopg2
 import pytest
 import yaml
 
+from cdcd.config.models import SnapshotConfig
 from tests.e2e import consume_prefix, data_files, run_cdcd, start_cdcd, write_config
 from tests.kafkaharness import KafkaBroker
 from tests.pgharness import PgDatabase, PgInstall, find_installations
@@ -241,8 +242,9 @@ def _check(pg_db: PgDatabase, run: Run, events_of: Any, rows: int, what: str) ->
         f"\n{what}: {total} rows, {run.kills} kills ({run.inside} inside a table): {reads_total} r, {again} again, "
         f"{run.seconds:.0f} s"
     )
-    # emitted again: at most the chunks in flight (32 of 2,048 rows by default) at each kill
-    assert again <= run.kills * 33 * 2048, again
+    # emitted again: at most the chunks in flight (4 of 2,048 rows by default) at each kill
+    defaults = SnapshotConfig()
+    assert again <= run.kills * defaults.chunks_in_flight * defaults.chunk_rows, again
     return reads_total, again
 
 
