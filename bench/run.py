@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/run.py [--quick] [--workload W1,W1s,W2,W3,W4,W5] [--json FILE]
+    python bench/run.py [--quick] [--workload W1,W1s,W2,W3,W4,W4h,W5] [--json FILE]
                         [--pg 18,15] [--contenders NAMES] [--scale F] [--peer PATH]
                         [--repeat N] [--baseline DIR]
 
@@ -39,13 +39,17 @@ Workloads (``--quick`` divides sizes by 50; ``--scale`` sets the factor):
 ``W4``  latency: 2,000 transactions/s of 5 rows (10,000 rows/s) for 60 s while cdcd runs live
         with the JSON Lines (``flush_interval: 0.02``) and Kafka sinks; commit-to-durable
         p50/p99/max from ``CDCD_LATENCY_LOG`` (cdcd.benchlog)
+``W4h`` the same at 6,000 transactions/s (30,000 rows/s), each sink alone with its own load;
+        ``p99_ms_by_third`` (the p99 of each third of the run) and ``keeps_up`` (the last
+        third's p99 at most 1.5 x the first's + 20 ms: the lag did not grow), and
+        ``load_rows_per_s``, the rate the load reached
 ``W5``  memory: one 10,000,000-row transaction through ``buffer.memory_limit: 256MiB``, into
         each sink; peak RSS and spilled bytes
 
 ``--repeat N`` (default 3, 1 with ``--quick``) drains N copies of each contender's slot, the
 contenders taking turns (run 1 of each, then run 2 of each, ...), and reports the run with the
 median wall time, with every run's seconds in ``runs_seconds``: noise on the host cannot pass or
-fail a target. Live workloads (W4) run once. ``--baseline DIR`` adds a ``base_<name>`` contender
+fail a target. Live workloads (W4, W4h) run once. ``--baseline DIR`` adds a ``base_<name>`` contender
 for each cdcd contender, running the cdcd of another checkout (e.g. ``git worktree add DIR
 <commit>`` and ``python -m cdcd.accel build`` there), so a change is compared in the same run.
 
@@ -116,6 +120,7 @@ class Workload:
     contenders: tuple[str, ...] = ALL_CONTENDERS
     streaming: bool = False
     live: bool = False  # cdcd runs during the load (W4)
+    alone: bool = False  # live: each contender with its own load, not side by side (W4h)
     memory_limit_mb: float | None = None  # W5
     file_flush_interval: float | None = None
 
@@ -211,11 +216,16 @@ END $$;
 """
 
 
-def load_w4(db: PgDatabase, scale: float, seconds: float = 60.0) -> int:
+def load_w4(db: PgDatabase, scale: float, seconds: float = 60.0, per_second: int = 2000) -> int:
+    """``per_second`` transactions of 5 rows a second for ``seconds`` (scaled)."""
     duration = max(3.0, seconds * min(1.0, scale * 5))
-    ntx = int(2000 * duration)
-    db.execute(f"CALL bench_w4(2000, {duration})")
+    ntx = int(per_second * duration)
+    db.execute(f"CALL bench_w4({per_second}, {duration})")
     return 5 * ntx
+
+
+def load_w4h(db: PgDatabase, scale: float) -> int:
+    return load_w4(db, scale, per_second=6000)
 
 
 W5_DDL = "CREATE TABLE w5 (id bigint, qty int, note text);"
@@ -238,6 +248,15 @@ WORKLOADS: dict[str, Workload] = {
         load_w4,
         contenders=("cdcd_jsonl", "cdcd_kafka"),
         live=True,
+        file_flush_interval=0.02,
+    ),
+    "W4h": Workload(  # 30,000 rows/s: one sink at a time, or they would share the 2 cores
+        "W4h",
+        W4_DDL,
+        load_w4h,
+        contenders=("cdcd_jsonl", "cdcd_kafka"),
+        live=True,
+        alone=True,
         file_flush_interval=0.02,
     ),
     "W5": Workload(  # every sink: their buffers count against the limit too
@@ -502,22 +521,38 @@ def run_cdcd(setup: Setup, slot: str, contender: str) -> Result:
 
 
 def latency_summary(path: Path, end_lsn: str) -> dict[str, Any]:
-    """p50/p99/max commit-to-durable milliseconds of the transactions up to ``end_lsn``."""
+    """p50/p99/max commit-to-durable milliseconds of the transactions up to ``end_lsn``, and
+    whether cdcd kept up: the p99 of each third of the run (in commit order) and ``keeps_up``,
+    true when the last third's p99 is at most 1.5 times the first's plus 20 ms (a lag that
+    grows over the run fails it)."""
     end = parse_lsn(end_lsn)
-    samples = []
+    timed = []
     for line in path.read_bytes().splitlines():
         rec = orjson.loads(line)
         if rec["end_lsn"] <= end:
             commit_unix_us = rec["commit_time_us"] + PG_EPOCH_OFFSET_US
-            samples.append((rec["durable_us"] - commit_unix_us) / 1000)
-    samples.sort()
-    if not samples:
+            timed.append((commit_unix_us, (rec["durable_us"] - commit_unix_us) / 1000))
+    if not timed:
         return {}
+    timed.sort()
+    thirds = [
+        _pct(sorted(ms for _, ms in timed[i * len(timed) // 3 : (i + 1) * len(timed) // 3]), 0.99)
+        for i in range(3)
+    ]
+    samples = sorted(ms for _, ms in timed)
+    return {
+        "p50_ms": _pct(samples, 0.50),
+        "p99_ms": _pct(samples, 0.99),
+        "max_ms": round(samples[-1], 2),
+        "p99_ms_by_third": thirds,
+        "keeps_up": thirds[2] <= 1.5 * thirds[0] + 20,
+    }
 
-    def pct(p: float) -> float:
-        return round(samples[min(len(samples) - 1, int(p * len(samples)))], 2)
 
-    return {"p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": round(samples[-1], 2)}
+def _pct(samples: list[float], p: float) -> float:
+    if not samples:
+        return 0.0
+    return round(samples[min(len(samples) - 1, int(p * len(samples)))], 2)
 
 
 def _check(m: Measured, what: str) -> None:
@@ -565,6 +600,8 @@ def finish_load(db: PgDatabase) -> str:
 def run_workload(
     cluster: PgCluster, wl: Workload, args: argparse.Namespace, contenders: list[str]
 ) -> list[dict[str, Any]]:
+    if wl.alone and len(contenders) > 1:
+        return [row for c in contenders for row in run_workload(cluster, wl, args, [c])]
     repeat = 1 if wl.live else args.repeat
     db, start_lsn = prepare(cluster, wl, contenders, repeat)
     work = Path(tempfile.mkdtemp(prefix="cdcd-bench-"))
@@ -703,11 +740,9 @@ def run_live(setup: Setup, contenders: list[str]) -> list[Result]:
         wait_streaming(setup.db, [p[1] for p in procs])
         t_load = time.perf_counter()
         setup.expected_rows = setup.workload.load(setup.db, setup.scale)
+        load_seconds = time.perf_counter() - t_load
         setup.end_lsn = finish_load(setup.db)
-        log(
-            f"  {setup.workload.name}: load {setup.expected_rows} rows in "
-            f"{time.perf_counter() - t_load:.1f}s"
-        )
+        log(f"  {setup.workload.name}: load {setup.expected_rows} rows in {load_seconds:.1f}s")
         end = parse_lsn(setup.end_lsn)
         results = []
         for contender, slot, work, proc, t0, out, err in procs:
@@ -715,6 +750,8 @@ def run_live(setup: Setup, contenders: list[str]) -> list[Result]:
             proc.send_signal(signal.SIGTERM)
             m = _wait_measured(proc, t0, out, err, 120)
             results.append(cdcd_result(setup, contender, work, m))
+            # the rate the load reached (it falls short of the target on a saturated host)
+            results[-1].extra["load_rows_per_s"] = round(setup.expected_rows / load_seconds)
             log(f"    {contender}: {summary_line(results[-1])}")
         return results
 
@@ -837,7 +874,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         extra = " ".join(
             f"{k}={r[k]}"
-            for k in ("server_cpu_seconds", "p50_ms", "p99_ms", "max_ms", "spilled_bytes")
+            for k in (
+                "server_cpu_seconds",
+                "p50_ms",
+                "p99_ms",
+                "max_ms",
+                "keeps_up",
+                "load_rows_per_s",
+                "spilled_bytes",
+            )
             if k in r
         )
         lines.append(
@@ -866,7 +911,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="sizes / 50 (CI smoke test)")
     parser.add_argument("--scale", type=float, help="size factor (default 1, --quick 0.02)")
     parser.add_argument(
-        "--workload", default="W1,W1s,W2,W3,W4,W5", help="comma list of " + ",".join(WORKLOADS)
+        "--workload", default="W1,W1s,W2,W3,W4,W4h,W5", help="comma list of " + ",".join(WORKLOADS)
     )
     parser.add_argument(
         "--contenders", default=",".join(ALL_CONTENDERS), help="comma list (default: all)"

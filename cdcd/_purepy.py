@@ -49,6 +49,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.assembler.assembler",
     "cdcd.events.change_event",
     "cdcd.events.encoder",
+    "cdcd.sinks.kafka_partition",
+    "cdcd.sinks.kafka_recordbatch",
+    "cdcd.sinks.kafka_batches",
 )
 
 PURE_ENV = "CDCD_PURE_PYTHON"

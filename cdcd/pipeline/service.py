@@ -173,10 +173,10 @@ class Pipeline:
         stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
         tasks.add(stop_waiter)
         if self._latency is not None:
-            assert self.tracker is not None
-            tasks.add(
-                asyncio.create_task(self._latency.watch(self.tracker.durable_lsn), name="latency")
-            )
+            # the sinks' own positions: the tracker learns them only at the acker's tick (0.2 s)
+            sinks = self.sinks
+            latency = self._latency.watch(lambda: min(s.durable_lsn() for s in sinks))
+            tasks.add(asyncio.create_task(latency, name="latency"))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:

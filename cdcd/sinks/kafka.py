@@ -21,12 +21,15 @@ Logical decoding messages go to ``<prefix>.message`` keyed by ``{"prefix": <mess
 ``<prefix>.transaction`` keyed by ``{"id": "<xid>:<commit_lsn>"}``; END carries
 ``event_count`` and per-table ``data_collections`` counts (logical messages not counted).
 
-Batches. The sink builds Kafka record batches itself, one open batch per topic-partition
-(aiokafka's ``create_batch``/``send_batch``), instead of one ``send()`` per record: that path
-costs a coroutine, a future and a partitioner call per record. A record's partition is what
-Kafka's default partitioner gives its key (:mod:`cdcd.sinks.kafka_partition`: murmur2 of the
-key bytes, made positive, modulo the topic's partition count, learnt once per topic); a keyless
-record goes to a random partition. A batch is closed when the next record does not fit in
+Batches. The sink builds Kafka record batches itself, one open batch per topic-partition, and
+hands each to aiokafka whole (``send_batch``), instead of one ``send()`` per record: that path
+costs a coroutine, a future and a partitioner call per record. The per-record work is compiled
+with mypyc: :mod:`cdcd.sinks.kafka_batches` makes records of events and picks their batch,
+:mod:`cdcd.sinks.kafka_recordbatch` writes them into the batch's buffer in Kafka's record
+format (v2), compressed and checksummed when the batch is sent; no object is kept per record.
+A record's partition is what Kafka's default partitioner gives its key
+(:mod:`cdcd.sinks.kafka_partition`: murmur2 of the key bytes, made positive, modulo the topic's
+partition count, learnt once per topic); a keyless record goes to a random partition. A batch is closed when the next record does not fit in
 ``max_batch_size`` (a larger record goes alone in its batch). One submitter task hands batches
 to the producer in the order they were closed: closed ones at once, open ones ``linger_ms``
 after the oldest was started (at once while ``flush`` waits). ``send_batch`` waits while the
@@ -50,8 +53,8 @@ by the broker (``acks: all`` by default); passing a transaction end marks that t
 ``end_lsn`` durable. Every record of a transaction sits in a batch started before its end, so
 ``durable_lsn`` never passes a transaction with an unacknowledged record, nor one after it. The
 window is bounded by ``buffer_records`` and ``buffer_bytes`` (key and value bytes plus 64 per
-record; what a record really holds in memory is about three times that, which is what
-``buffered_bytes`` reports; ``buffer_bytes`` is lowered to a third of the sink's
+record; a batch's buffer, grown by doubling, holds up to twice its records' bytes, and
+``buffered_bytes`` reports three times the counted bytes; ``buffer_bytes`` is lowered to a third of the sink's
 ``memory_budget``, its share of ``buffer.memory_limit``, when that is smaller): ``write`` waits for
 acknowledgements beyond them, which blocks the pipeline while the broker is away instead of
 growing memory.
@@ -68,11 +71,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -80,13 +80,13 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.producer.message_accumulator import BatchBuilder
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from cdcd.errors import ConfigError, DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.kafka_batches import Batch, Batches
 from cdcd.sinks.kafka_client import (
+    BuiltBatch,
     KafkaSinkConfig,
     Record,
     Where,
@@ -94,7 +94,7 @@ from cdcd.sinks.kafka_client import (
     compression_available,
     translate_error,
 )
-from cdcd.sinks.kafka_partition import partition_for
+from cdcd.sinks.kafka_recordbatch import CODECS, encode_headers, record_size
 
 if TYPE_CHECKING:
     from cdcd.assembler.transaction import Transaction
@@ -103,33 +103,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _TOPIC_ALREADY_EXISTS = 36
-
-
-_RECORD_OVERHEAD = 64  # what a record counts for buffer_bytes beyond its key and value
-_OP_HEADERS = {op: ("cdcd.op", op.encode()) for op in "crudtm"}
-#: the header naming the other key of a key change, by the source field that holds it
-_LINK_HEADERS = {"new_key": "__debezium.newkey", "old_key": "__debezium.oldkey"}
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    """Records for one topic-partition, sent to the broker as one record batch.
-
-    ``builder`` is aiokafka's :class:`BatchBuilder`; ``future`` is set once the batch is handed
-    to the producer (``send_batch``) and resolves when the broker acknowledged all of it."""
-
-    topic: str
-    partition: int
-    builder: BatchBuilder
-    records: list[Record] = field(default_factory=list)
-    size: int = 0
-    future: asyncio.Future[Any] | None = None
-    error: SinkError | None = None  # handing it to the producer failed definitely
-
-    def add(self, ts: int, key: bytes | None, value: bytes | None, headers: Any) -> bool:
-        """Append one record to the batch; False when it is full (aiokafka's public
-        ``BatchBuilder.append``: its internals are not relied on)."""
-        return self.builder.append(timestamp=ts, key=key, value=value, headers=headers) is not None
 
 
 class KafkaSink(Sink):
@@ -152,30 +125,24 @@ class KafkaSink(Sink):
             )
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
-        self._partitions: dict[str, list[int]] = {}  # known topics: their partitions, sorted
-        # by (schema, table): (topic, "schema.table"); (None, None): (message topic, None)
-        self._topics: dict[tuple[str | None, str | None], tuple[str, str | None]] = {}
-        self._window: deque[_Batch | int] = deque()  # batches and transaction end LSNs
-        self._window_bytes = 0
-        self._window_records = 0
-        self._open: dict[tuple[str, int], _Batch] = {}  # batches still taking records
-        self._open_since = 0.0  # loop time the oldest open batch was started
-        self._ready: deque[_Batch] = deque()  # closed batches, to hand over in this order
+        self._batches = Batches(
+            prefix=self.prefix,
+            message_topic=self.message_topic,
+            routing=config.routing,
+            tombstones=config.tombstones,
+            count_tables=config.transaction_topic,
+            max_batch_size=config.max_batch_size,
+            max_request_size=config.max_request_size,
+            check_size=self._check_size,
+        )
+        self._partitions = self._batches.partitions  # known topics: their partitions, sorted
+        self._window = self._batches.window  # batches and transaction end LSNs
         self._flushing = 0  # flush() calls waiting: hand open batches over without lingering
         self._changed = asyncio.Event()  # the window moved or failed
-        self._wake = asyncio.Event()  # work for the submitter
         self._send_lock = asyncio.Lock()  # one of submitter / replay hands batches over
         self._failure: SinkError | None = None
         self._submitter: asyncio.Task[None] | None = None
         self._replay_task: asyncio.Task[None] | None = None
-        self._txn_counts: dict[str, int] = {}
-        self._txn_commit_lsn = -1  # the transaction whose header values are cached below
-        # (commit_lsn header, [xid header] or [], timestamp ms)
-        self._txn_header_values: tuple[tuple[str, bytes], list[tuple[str, bytes]], int] = (
-            ("cdcd.commit_lsn", b""),
-            [],
-            0,
-        )
         self._stats = {"records_sent": 0, "records_acked": 0, "send_retries": 0, "replays": 0}
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -254,49 +221,26 @@ class KafkaSink(Sink):
 
     async def begin(self, txn: Transaction) -> None:
         self._raise_failure()
-        self._txn_counts = {}
+        self._batches.txn_counts = {}
         if self._markers_for(txn):
             await self._add_marker(txn, "BEGIN")
 
     async def write(self, events: Sequence[ChangeEvent]) -> None:
         self._raise_failure()
-        config = self.config
-        tombstones = config.tombstones
-        count = config.transaction_topic
-        counts = self._txn_counts
-        topics = self._topics
-        partitions = self._partitions
-        op_headers = _OP_HEADERS
-        add = self._add
-        buffer_bytes = self._buffer_bytes
-        for event in events:
-            op = event.op
-            route = topics.get((event.schema, event.table))
-            if route is None:
-                route = self._route_of(event)
-            topic, name = route
-            if count and name is not None:
-                counts[name] = counts.get(name, 0) + 1
-            if topic not in partitions:
+        batches = self._batches
+        batches.record_limit = self.config.buffer_records
+        batches.byte_limit = self._buffer_bytes
+        i = 0
+        while i < len(events):
+            i = batches.add_events(events, i)
+            topic = batches.missing_topic
+            if topic is not None:
+                batches.missing_topic = None
+                event = events[i]
                 await self._prepare_topic(topic, (event.commit_lsn, event.seq, event.lsn, ""))
-            if event.commit_lsn != self._txn_commit_lsn:
-                self._cache_txn_headers(event)
-            lsn_header, xid_headers, ts = self._txn_header_values
-            headers = [lsn_header, ("cdcd.seq", b"%d" % event.seq), *xid_headers]
-            headers.append(op_headers.get(op) or ("cdcd.op", op.encode()))
-            if op == "d" or op == "c":
-                link = event.key_link()
-                if link is not None:  # a key change: Debezium's header linking the pair
-                    headers.append((_LINK_HEADERS[link[0]], orjson.dumps(link[1])))
-            key = event.key_json()  # {"prefix": ...} for logical messages
-            where = (event.commit_lsn, event.seq, event.lsn, "")
-            add(topic, key, event.value_json(), headers, ts, where)
-            if op == "d" and key is not None and tombstones:
-                where = (event.commit_lsn, event.seq, event.lsn, " tombstone")
-                add(topic, key, None, headers, ts, where)
-            if self._window_records >= config.buffer_records or self._window_bytes >= buffer_bytes:
+            elif batches.full():
                 await self._wait_for_room()
-        if self._ready:
+        if batches.ready:
             await asyncio.sleep(0)  # let the submitter hand the closed batches over
 
     async def commit(self, txn: Transaction) -> None:
@@ -310,7 +254,7 @@ class KafkaSink(Sink):
         """Wait until the broker acknowledged every record handed over. After a definite
         failure, first let what precedes the failing record become durable, then raise."""
         self._flushing += 1
-        self._wake.set()
+        self._batches.wake.set()
         try:
             while True:
                 if not self._window:
@@ -335,29 +279,11 @@ class KafkaSink(Sink):
     def stats(self) -> dict[str, Any]:
         return {
             **self._stats,
-            "window_records": self._window_records,
-            "window_bytes": self._window_bytes,
+            "window_records": self._batches.window_records,
+            "window_bytes": self._batches.window_bytes,
         }
 
     # --- building records --------------------------------------------------------------------
-
-    def _route_of(self, event: ChangeEvent) -> tuple[str, str | None]:
-        """(topic, "schema.table") of an event's table, (message topic, None) for a logical
-        message; remembered per table."""
-        if event.schema is None:
-            route: tuple[str, str | None] = (self.message_topic, None)
-        else:
-            name = f"{event.schema}.{event.table}"
-            route = (self.config.routing.get(name) or f"{self.prefix}.{name}", name)
-        self._topics[(event.schema, event.table)] = route
-        return route
-
-    def _cache_txn_headers(self, event: ChangeEvent) -> None:
-        """The header tuples every record of the event's transaction shares."""
-        self._txn_commit_lsn = event.commit_lsn
-        xid = [] if event.xid is None else [("cdcd.xid", b"%d" % event.xid)]
-        ts = pg_to_unix_us(event.commit_time) // 1000
-        self._txn_header_values = (("cdcd.commit_lsn", b"%d" % event.commit_lsn), xid, ts)
 
     def _markers_for(self, txn: Transaction) -> bool:
         return self.config.transaction_topic and txn.kind != "message"
@@ -374,77 +300,34 @@ class KafkaSink(Sink):
             "end_lsn": txn.end_lsn,
         }
         if status == "END":
-            value["event_count"] = sum(self._txn_counts.values())
+            counts = self._batches.txn_counts
+            value["event_count"] = sum(counts.values())
             value["data_collections"] = [
-                {"data_collection": name, "event_count": count}
-                for name, count in self._txn_counts.items()
+                {"data_collection": name, "event_count": count} for name, count in counts.items()
             ]
-        headers = [
-            ("cdcd.commit_lsn", str(txn.commit_lsn).encode()),
-            ("cdcd.xid", str(txn.xid).encode()),
-        ]
+        headers = encode_headers(
+            [("cdcd.commit_lsn", b"%d" % txn.commit_lsn), ("cdcd.xid", b"%d" % txn.xid)]
+        )
         where = f"transaction {txn_id} {status}"
         if self.transaction_topic not in self._partitions:
             await self._prepare_topic(self.transaction_topic, where)
-        key = orjson.dumps({"id": txn_id})
-        self._add(self.transaction_topic, key, orjson.dumps(value), headers, value["ts_ms"], where)
+        key, ts = orjson.dumps({"id": txn_id}), value["ts_ms"]
+        self._batches.add(
+            self.transaction_topic, ts, key, orjson.dumps(value), headers, -1, b"", 2, where
+        )
         await self._wait_for_room()
 
     # --- batches and the window ----------------------------------------------------------------
 
-    def _add(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, bytes]],
-        ts: int,
-        where: Where,
-    ) -> None:
-        """Append one record to its partition's open batch (Kafka's default partitioning)."""
-        partitions = self._partitions[topic]
-        if key is None:
-            partition = random.choice(partitions)
-        elif len(partitions) == 1:
-            partition = partitions[0]
-        else:
-            partition = partitions[partition_for(key, len(partitions))]
-        size = (len(key) if key else 0) + (len(value) if value else 0) + _RECORD_OVERHEAD
-        if size + 1024 > self.config.max_request_size:  # Kafka's estimate adds < 1 KiB
-            self._check_size(topic, (key, value, headers, ts, where))
-        tp = (topic, partition)
-        batch = self._open.get(tp) or self._new_batch(topic, partition)
-        if not batch.add(ts, key, value, headers):
-            del self._open[tp]  # full: hand it over, start the next one
-            self._ready.append(batch)
-            self._wake.set()
-            batch = self._new_batch(topic, partition)
-            batch.add(ts, key, value, headers)
-        batch.records.append((key, value, headers, ts, where))
-        batch.size += size
-        self._window_records += 1
-        self._window_bytes += size
-
-    def _check_size(self, topic: str, record: Record) -> None:
-        key, value, headers, _, _ = record
-        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+    def _check_size(self, topic: str, record: Record, headers: bytes, where: Where) -> None:
+        key, value = record
+        size = record_size(key, value, headers)
         if size > self.config.max_request_size:
-            err = self._translate(
-                kerrors.MessageSizeTooLargeError(size), topic=topic, record=record
-            )
+            error = kerrors.MessageSizeTooLargeError(size)
+            err = self._translate(error, topic=topic, record=record, where=where)
             self._failure = err
             self._changed.set()
             raise err
-
-    def _new_batch(self, topic: str, partition: int) -> _Batch:
-        assert self._producer is not None, "KafkaSink.start() was not called"
-        batch = _Batch(topic, partition, self._producer.create_batch())
-        if not self._open:
-            self._open_since = asyncio.get_running_loop().time()
-            self._wake.set()
-        self._open[(topic, partition)] = batch
-        self._window.append(batch)
-        return batch
 
     @property
     def _buffer_bytes(self) -> int:
@@ -455,13 +338,15 @@ class KafkaSink(Sink):
         return limit if budget is None else max(1024, min(limit, budget // 3))
 
     def buffered_bytes(self) -> int:
-        return 3 * self._window_bytes
+        return 3 * self._batches.window_bytes
 
     async def _wait_for_room(self) -> None:
-        c = self.config
+        batches = self._batches
         while True:
             self._raise_failure()
-            if self._window_records < c.buffer_records and self._window_bytes < self._buffer_bytes:
+            batches.record_limit = self.config.buffer_records
+            batches.byte_limit = self._buffer_bytes
+            if not batches.full():
                 return
             self._changed.clear()
             await self._changed.wait()
@@ -472,26 +357,28 @@ class KafkaSink(Sink):
         an unsent batch of the partition, so open batches grow meanwhile."""
         loop = asyncio.get_running_loop()
         linger = self.config.linger_ms / 1000
+        batches = self._batches
+        ready, wake = batches.ready, batches.wake
         while True:
-            if not self._ready:
-                if not self._open:
-                    self._wake.clear()
-                    await self._wake.wait()
+            if not ready:
+                if not batches.open:
+                    wake.clear()
+                    await wake.wait()
                     continue
-                wait = self._open_since + linger - loop.time()
+                wait = batches.open_since + linger - loop.time()
                 if wait > 0 and not self._flushing:
-                    self._wake.clear()
+                    wake.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), wait)
+                        await asyncio.wait_for(wake.wait(), wait)
                     continue
-                self._ready.extend(self._open.values())
-                self._open.clear()
+                ready.extend(batches.open.values())
+                batches.open.clear()
             async with self._send_lock:
-                while self._ready:
-                    await self._submit(self._ready[0])
-                    self._ready.popleft()
+                while ready:
+                    await self._submit(ready[0])
+                    ready.popleft()
 
-    async def _submit(self, batch: _Batch) -> None:
+    async def _submit(self, batch: Batch) -> None:
         """Hand one batch to the producer, retrying while the broker is unavailable. A definite
         failure is recorded on the batch (nothing from it on becomes durable)."""
         assert self._producer is not None, "KafkaSink.start() was not called"
@@ -500,11 +387,12 @@ class KafkaSink(Sink):
             try:
                 if batch.topic not in self._partitions:
                     await self._learn_topic(batch.topic)
+                built = BuiltBatch(batch.records, CODECS[self.config.compression])
                 future = await self._producer.send_batch(
-                    batch.builder, batch.topic, partition=batch.partition
+                    built, batch.topic, partition=batch.partition
                 )
             except Exception as exc:
-                err = self._translate(exc, topic=batch.topic, record=batch.records[0])
+                err = self._translate(exc, topic=batch.topic, batch=batch)
                 if not isinstance(err, TransientSinkError):
                     batch.error = err
                     self._failure = self._failure or err
@@ -517,7 +405,7 @@ class KafkaSink(Sink):
                 continue
             batch.future = future
             future.add_done_callback(self._on_delivery)
-            self._stats["records_sent"] += len(batch.records)
+            self._stats["records_sent"] += batch.records.count
             return
 
     async def _prepare_topic(self, topic: str, where: Where) -> None:
@@ -530,7 +418,7 @@ class KafkaSink(Sink):
                 await self._learn_topic(topic)
                 return
             except Exception as exc:
-                err = self._translate(exc, topic=topic, record=(None, None, [], 0, where))
+                err = self._translate(exc, topic=topic, where=where)
                 if not isinstance(err, TransientSinkError):
                     self._failure = err
                     self._changed.set()
@@ -575,18 +463,18 @@ class KafkaSink(Sink):
                 if exc is not None:
                     self._delivery_failed(head, exc)
                     break
-                self._window_records -= len(head.records)
-                self._window_bytes -= head.size
-                self._stats["records_acked"] += len(head.records)
+                self._batches.window_records -= head.records.count
+                self._batches.window_bytes -= head.size
+                self._stats["records_acked"] += head.records.count
             window.popleft()
             moved = True
         if moved:
             self._changed.set()
 
-    def _delivery_failed(self, head: _Batch, exc: BaseException) -> None:
+    def _delivery_failed(self, head: Batch, exc: BaseException) -> None:
         if self._failure is not None or self._replay_task is not None:
             return
-        err = self._translate(exc, topic=head.topic, record=head.records[0])
+        err = self._translate(exc, topic=head.topic, batch=head)
         if isinstance(err, TransientSinkError):
             log.warning("kafka_delivery_failed_replaying", topic=head.topic, error=str(err))
             self._replay_task = asyncio.get_running_loop().create_task(self._replay())
@@ -599,7 +487,7 @@ class KafkaSink(Sink):
         assert self._producer is not None
         try:
             async with self._send_lock:
-                handed = [b for b in self._window if isinstance(b, _Batch) and b.future]
+                handed = [b for b in self._window if isinstance(b, Batch) and b.future]
                 futures = [b.future for b in handed if b.future is not None]
                 await asyncio.gather(*futures, return_exceptions=True)
                 self._stats["replays"] += 1
@@ -607,10 +495,6 @@ class KafkaSink(Sink):
                 for batch in handed:
                     batch.future = None
                 for batch in handed:
-                    batch.builder = self._producer.create_batch()
-                    for key, value, headers, ts, _ in batch.records:
-                        added = batch.add(ts, key, value, headers)
-                        assert added, "a replayed batch holds what it held before"
                     await self._submit(batch)
         except Exception as exc:  # a bug; make it visible to the pipeline
             self._failure = DefiniteSinkError(f"kafka: replay failed: {exc!r}")
@@ -629,8 +513,19 @@ class KafkaSink(Sink):
         *,
         topic: str | None = None,
         record: Record | None = None,
+        where: Where | None = None,
+        batch: Batch | None = None,
         starting: bool = False,
     ) -> SinkError:
+        """aiokafka's exception as cdcd's; ``batch``: the failing one (its first record)."""
+        if batch is not None:
+            where = batch.where
         return translate_error(
-            exc, self.config, self._bootstrap(), topic=topic, record=record, starting=starting
+            exc,
+            self.config,
+            self._bootstrap(),
+            topic=topic,
+            record=record,
+            where=where,
+            starting=starting,
         )

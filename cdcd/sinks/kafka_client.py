@@ -1,5 +1,6 @@
-"""The Kafka sink's configuration and its aiokafka-facing parts: connection arguments and the
-one place that translates aiokafka's exceptions (README "Kafka sink")."""
+"""The Kafka sink's configuration and its aiokafka-facing parts: connection arguments, the
+hand-over of record batches built by the sink, and the one place that translates aiokafka's
+exceptions (README "Kafka sink")."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any, Literal
 
 from aiokafka import errors as kerrors
 from aiokafka.helpers import create_ssl_context
+from aiokafka.producer.message_accumulator import BatchBuilder
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
@@ -16,11 +18,11 @@ from cdcd.units import ByteSize, Duration
 
 MiB = 1024 * 1024
 
-# A record as handed to a batch, kept for replays and error messages:
-# (key, value, headers, timestamp_ms, where); ``where`` is an event's
-# (commit_lsn, seq, lsn, suffix) or a marker's text, formatted only for an error message.
+# A record's key and value, for error messages.
+Record = tuple[bytes | None, bytes | None]
+# Where a record came from: an event's (commit_lsn, seq, lsn, suffix) or a marker's text,
+# formatted only for an error message.
 Where = tuple[int, int, int, str] | str
-Record = tuple[bytes | None, bytes | None, list[tuple[str, bytes]], int, Where]
 
 
 def where_text(where: Where) -> str:
@@ -42,6 +44,48 @@ def compression_available(codec: str) -> bool:
         "snappy": kcodec.has_snappy,
     }
     return bool(checks[codec]())
+
+
+class BuiltBatch(BatchBuilder):  # type: ignore[misc]
+    """A record batch the sink built (``RecordBatch`` of :mod:`cdcd.sinks.kafka_recordbatch`),
+    handed to ``AIOKafkaProducer.send_batch`` in place of a ``BatchBuilder`` it filled.
+
+    aiokafka asks a batch for ``record_count()``, ``closed()``, ``close()``, and at send time
+    ``_set_producer_state(...)`` (the idempotent producer's id, epoch and sequence, written
+    into the header) and ``_build()`` (the bytes); this is all of that, for any aiokafka from
+    0.8 on (``send_batch``'s contract). One is made per hand-over: a replay builds again."""
+
+    def __init__(self, records: Any, codec: int) -> None:  # no BatchBuilder.__init__: no
+        self._records = records  # aiokafka builder behind it
+        self._codec = codec
+        self._state = (-1, -1, -1)
+        self._buffer: bytes | None = None
+        self._closed = True
+
+    def append(self, *, timestamp: Any, key: Any, value: Any, headers: Any = ()) -> None:
+        return None  # closed: the sink writes records into its own batch
+
+    def close(self) -> None:
+        pass
+
+    def closed(self) -> bool:
+        return True
+
+    def _set_producer_state(
+        self, producer_id: int, producer_epoch: int, base_sequence: int
+    ) -> None:
+        self._state = (producer_id, producer_epoch, base_sequence)
+
+    def _build(self) -> bytes:
+        if self._buffer is None:
+            self._buffer = self._records.build(self._codec, *self._state)
+        return self._buffer
+
+    def size(self) -> int:
+        return len(self._buffer) if self._buffer is not None else int(self._records.size())
+
+    def record_count(self) -> int:
+        return int(self._records.count)
 
 
 class KafkaSinkConfig(BaseModel):
@@ -119,13 +163,15 @@ def translate_error(
     *,
     topic: str | None = None,
     record: Record | None = None,
+    where: Where | None = None,
     starting: bool = False,
 ) -> SinkError:
     """The one place aiokafka's exceptions become cdcd's (:mod:`cdcd.errors`): definite or
-    transient, naming the topic and the record (``record``: the failing one, a batch's first)."""
+    transient, naming the topic and the record (``record``: the failing one, a batch's first;
+    ``where`` it came from)."""
     if isinstance(exc, SinkError):
         return exc
-    where = f" at {where_text(record[4])}" if record is not None and record[4] else ""
+    at = f" at {where_text(where)}" if where else ""
     if isinstance(exc, kerrors.MessageSizeTooLargeError | kerrors.RecordListTooLargeError):
         size: int | str = "?"
         key = None
@@ -135,22 +181,22 @@ def translate_error(
         return DefiniteSinkError(
             f"kafka: record for topic {topic!r} with key {key} is about {size} bytes, more "
             f"than max_request_size ({config.max_request_size}) or the broker's limit"
-            f"{where}: raise sinks.kafka.max_request_size and the topic's max.message.bytes "
+            f"{at}: raise sinks.kafka.max_request_size and the topic's max.message.bytes "
             f"({exc})"
         )
     if isinstance(
         exc, kerrors.TopicAuthorizationFailedError | kerrors.ClusterAuthorizationFailedError
     ):
         return DefiniteSinkError(
-            f"kafka: not authorized for topic {topic!r}{where}: grant the principal write "
+            f"kafka: not authorized for topic {topic!r}{at}: grant the principal write "
             f"(and create, with create_topics) on it ({exc!r})"
         )
     if isinstance(exc, kerrors.UnknownTopicOrPartitionError) and not config.create_topics:
         return DefiniteSinkError(
-            f"kafka: topic {topic!r} does not exist and create_topics is false{where}"
+            f"kafka: topic {topic!r} does not exist and create_topics is false{at}"
         )
     if isinstance(exc, kerrors.InvalidTopicError):
-        return DefiniteSinkError(f"kafka: invalid topic name {topic!r}{where} ({exc!r})")
+        return DefiniteSinkError(f"kafka: invalid topic name {topic!r}{at} ({exc!r})")
     if (
         starting
         and config.idempotence
@@ -165,5 +211,5 @@ def translate_error(
     if isinstance(
         exc, kerrors.KafkaTimeoutError | kerrors.KafkaConnectionError | TimeoutError | OSError
     ) or (isinstance(exc, kerrors.KafkaError) and exc.retriable):
-        return TransientSinkError(f"kafka: {bootstrap}: {exc!r}{where}")
-    return DefiniteSinkError(f"kafka: {exc!r}{where} (topic {topic!r})")
+        return TransientSinkError(f"kafka: {bootstrap}: {exc!r}{at}")
+    return DefiniteSinkError(f"kafka: {exc!r}{at} (topic {topic!r})")
