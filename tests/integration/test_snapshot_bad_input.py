@@ -125,7 +125,7 @@ def test_a_table_removed_from_the_publication_and_added_back(
     leave rows behind in consumers: README), so the writers pause during that time."""
     _table(pg_db)
     pg_db.execute("CREATE PUBLICATION cdcd_e2e_pub FOR TABLE t")
-    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=100, chunks_in_flight=2)
+    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=20, chunks_in_flight=1)
     LOG[:] = [tmp_path / "cdcd.log"]
     proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
     workloads = [Workload(pg_db.dsn, seed=5), Workload(pg_db.dsn, seed=6)]

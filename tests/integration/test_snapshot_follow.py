@@ -23,7 +23,7 @@ from tests.pgharness import PgDatabase
 
 pytestmark = [pytest.mark.pg, pytest.mark.timeout(180)]
 
-ROWS = 20000
+ROWS = 30000
 
 
 def _on_a_terminal(*args: str, timeout: float = 90) -> tuple[int, str]:
@@ -64,7 +64,7 @@ def test_progress_bar_on_a_terminal_and_lines_off_it(pg_db: PgDatabase, tmp_path
         f"INSERT INTO t SELECT g, repeat('v', 50) || g, 0 FROM generate_series(1, {ROWS}) g;"
         "ANALYZE t"
     )
-    cfg = _config(tmp_path, pg_db.dsn, "never", chunk_rows=200, chunks_in_flight=2)
+    cfg = _config(tmp_path, pg_db.dsn, "never", chunk_rows=100, chunks_in_flight=1)
     LOG[:] = [tmp_path / "cdcd.log"]
     proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
     try:
@@ -77,7 +77,7 @@ def test_progress_bar_on_a_terminal_and_lines_off_it(pg_db: PgDatabase, tmp_path
             r"public\.t +(\d+)%\|[^|]*\| ([\d.]+k?)/([\d.]+k?) rows, ([^\r\n]*)", drawn
         )
         assert len(bars) >= 3, repr(drawn[-3000:])
-        assert bars[-1][0] == "100" and bars[-1][1] == bars[-1][2] == "20.0k", bars[-1]
+        assert bars[-1][0] == "100" and bars[-1][1] == bars[-1][2] == "30.0k", bars[-1]
         assert "done" in bars[-1][3], bars[-1]
         running = [b for b in bars if "running" in b[3]]
         assert any(re.search(r"[\d,]+ rows/s, ETA \d+s", b[3]) for b in running), running
@@ -90,7 +90,7 @@ def test_progress_bar_on_a_terminal_and_lines_off_it(pg_db: PgDatabase, tmp_path
         assert lines[0].startswith("requested a snapshot of public.t (signal at ")
         assert "\r" not in plain.stdout and "|" not in plain.stdout
         assert re.fullmatch(
-            r"public\.t  done  20,000 / 20,000 rows  100%  [\d,]+ rows/s  ETA 0s", lines[-1]
+            r"public\.t  done  30,000 / 30,000 rows  100%  [\d,]+ rows/s  ETA 0s", lines[-1]
         ), lines
         waiting = "waiting for the daemon to take the request (is it running?)"
         assert all(x.startswith("public.t  ") or x == waiting for x in lines[1:]), lines
