@@ -64,22 +64,24 @@ def run(
     memory_limit: int,
     raw: bool = True,
     general: frozenset[str] = frozenset(),
+    parts: bool = True,
 ) -> None:
     """``general``: fast paths replaced by their general twin, to measure what each buys:
     ``framing`` (Session.next_event per message instead of copy_data_run), ``undecoded`` (every
     change decoded before the assembler takes it, instead of feed_undecoded), ``plain_insert``
     (spill read-back through decode_change only), ``body`` (each JSON Lines record serialised
-    from the whole value dict instead of ChangeEvent's cached pieces)."""
+    from the whole value dict instead of ChangeEvent's cached pieces). ``parts``: transactions
+    released in parts while they arrive, as in the daemon (docs/assembler.md, "Parts")."""
     import gc
 
     import orjson
 
     gc.set_threshold(50_000, 20, 100)  # as cdcd.runtime.tune_gc
-    from cdcd.assembler.assembler import Assembler
+    from cdcd.assembler.assembler import COMPACT_BYTES, Assembler
     from cdcd.decoder.events import Relation
     from cdcd.decoder.pgoutput import PgOutputDecoder
     from cdcd.events.catalog import StaticCatalog
-    from cdcd.events.encoder import Encoder
+    from cdcd.events.encoder import Encoder, EventCursor
     from cdcd.sinks.base import SinkContext
     from cdcd.wire.session import Session, State
 
@@ -103,7 +105,10 @@ def run(
     session._state = State.COPY_BOTH  # as after START_REPLICATION
     decoder = PgOutputDecoder(1)
     spill = Path(tempfile.mkdtemp(prefix="cdcd-micro-spill-"))
-    assembler = Assembler(memory_limit=memory_limit, spill_dir=spill)
+    assembler = Assembler(
+        memory_limit=memory_limit, spill_dir=spill, part_bytes=COMPACT_BYTES if parts else None
+    )
+    cursor: EventCursor | None = None
     encoder = Encoder(SinkContext("bench", "bench", Path()), StaticCatalog())
     encode = sink == "encode"
     events = 0
@@ -126,9 +131,11 @@ def run(
             if txn is None:
                 continue
             w = time.process_time()
+            if txn.begins:  # as the daemon's writer
+                cursor = None if txn.ends else EventCursor()
             if sink == "changes":
                 events += sum(1 for _ in txn.changes())
-            for batch in encoder.batches(txn) if sink != "changes" else ():
+            for batch in encoder.batches(txn, cursor=cursor) if sink != "changes" else ():
                 events += len(batch)
                 if encode and "body" in general:
                     for ev in batch:
@@ -173,6 +180,9 @@ def main() -> None:
         "--no-raw", action="store_true", help="feed the assembler without the message bytes"
     )
     r.add_argument(
+        "--whole", action="store_true", help="release transactions whole, at their commit"
+    )
+    r.add_argument(
         "--general",
         default="",
         help="comma list of fast paths replaced by their general twin: framing,undecoded,"
@@ -183,7 +193,7 @@ def main() -> None:
         capture(args.file, args.rows, args.workload)
     else:
         general = frozenset(g for g in args.general.split(",") if g)
-        run(args.file, args.sink, args.memory_limit, not args.no_raw, general)
+        run(args.file, args.sink, args.memory_limit, not args.no_raw, general, not args.whole)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ Workloads (``--quick`` divides sizes by 50; ``--scale`` sets the factor):
         ``load_rows_per_s``, the rate the load reached
 ``W5``  memory: one 10,000,000-row transaction through ``buffer.memory_limit: 256MiB``, into
         each sink; peak RSS and spilled bytes
+``S1``  the initial snapshot of a 10,000,000-row ten-column table by cdcd (null sink, JSON
+        Lines; one and four ``snapshot.workers``) against ``COPY (SELECT ...) TO STDOUT`` into
+        /dev/null, ``ratio_vs_copy`` (bench/snapshot_bench.py); not in the default list
 
 ``--repeat N`` (default 3, 1 with ``--quick``) drains N copies of each contender's slot, the
 contenders taking turns (run 1 of each, then run 2 of each, ...), and reports the run with the
@@ -87,6 +90,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.snapshot_bench import (  # noqa: E402
+    SNAPSHOT_CONTENDERS,
+    add_ratios,
+    cdcd_snapshot_config,
+    copy_command,
+)
 from tests.pgharness import (  # noqa: E402
     PgCluster,
     PgDatabase,
@@ -94,7 +103,7 @@ from tests.pgharness import (  # noqa: E402
     get_installation,
 )
 
-ALL_CONTENDERS = (
+STREAM_CONTENDERS = (
     "pg_recvlogical",
     "psycopg2_raw",
     "psycopg2_pypgoutput",
@@ -103,6 +112,7 @@ ALL_CONTENDERS = (
     "cdcd_parquet",
     "cdcd_kafka",
 )
+ALL_CONTENDERS = STREAM_CONTENDERS + SNAPSHOT_CONTENDERS
 PUBLICATION = "bench_pub"
 PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01
 
@@ -117,8 +127,9 @@ class Workload:
     name: str
     ddl: str
     load: Callable[[PgDatabase, float], int]  # returns the number of row changes
-    contenders: tuple[str, ...] = ALL_CONTENDERS
+    contenders: tuple[str, ...] = STREAM_CONTENDERS
     streaming: bool = False
+    snapshot: bool = False  # S1: cdcd takes an initial snapshot (no load to stream)
     live: bool = False  # cdcd runs during the load (W4)
     alone: bool = False  # live: each contender with its own load, not side by side (W4h)
     memory_limit_mb: float | None = None  # W5
@@ -231,6 +242,13 @@ def load_w4h(db: PgDatabase, scale: float) -> int:
 W5_DDL = "CREATE TABLE w5 (id bigint, qty int, note text);"
 
 
+def load_s1(db: PgDatabase, scale: float) -> int:
+    n = max(1, int(10_000_000 * scale))
+    db.execute(f"INSERT INTO s1 {W1_ROWS} FROM generate_series(1, {n}) g")
+    db.execute("VACUUM (FREEZE, ANALYZE) s1")  # hint bits set: no reader pays for them
+    return n
+
+
 def load_w5(db: PgDatabase, scale: float) -> int:
     n = max(1, int(10_000_000 * scale))
     db.execute(f"INSERT INTO w5 SELECT g, g % 1000, 'note ' || g FROM generate_series(1, {n}) g")
@@ -265,6 +283,9 @@ WORKLOADS: dict[str, Workload] = {
         load_w5,
         contenders=("pg_recvlogical", "cdcd_null", "cdcd_jsonl", "cdcd_parquet", "cdcd_kafka"),
         memory_limit_mb=256,
+    ),
+    "S1": Workload(
+        "S1", W1_DDL.replace("w1", "s1"), load_s1, contenders=SNAPSHOT_CONTENDERS, snapshot=True
     ),
 }
 
@@ -508,15 +529,46 @@ def run_cdcd(setup: Setup, slot: str, contender: str) -> Result:
     work = Path(tempfile.mkdtemp(prefix=f"{contender}-", dir=setup.work))
     try:
         config = cdcd_config(setup, contender, slot, work)
-        cmd = [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
-        if setup.profile is not None:
-            setup.profile.mkdir(parents=True, exist_ok=True)
-            raw = setup.profile / f"{setup.workload.name}-{contender}.txt"
-            cmd = ["py-spy", "record", "--format", "raw", "-r", "250", "-o", str(raw), "--", *cmd]
+        cmd = _profiled(
+            setup, contender, [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
+        )
         env = cdcd_env(work, False, setup.checkout)
         m = run_measured([*cmd, "--endpos", setup.end_lsn], env=env, cwd=setup.checkout)
         return cdcd_result(setup, contender, work, m)
     finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _profiled(setup: Setup, contender: str, cmd: list[str]) -> list[str]:
+    """``cmd`` under py-spy with ``--profile``: collapsed stacks into that folder."""
+    if setup.profile is None:
+        return cmd
+    setup.profile.mkdir(parents=True, exist_ok=True)
+    raw = setup.profile / f"{setup.workload.name}-{contender}.txt"
+    return ["py-spy", "record", "--format", "raw", "-r", "250", "-o", str(raw), "--", *cmd]
+
+
+def run_snapshot(setup: Setup, slot: str, contender: str) -> Result:
+    """An S1 contender: COPY to /dev/null, or cdcd's initial snapshot on a slot of its own."""
+    if contender == "copy_stdout":
+        m = run_measured(copy_command(setup.db.dsn))
+        _check(m, contender)
+        return Result(contender, setup.expected_rows, m)
+    work = Path(tempfile.mkdtemp(prefix=f"{contender}-", dir=setup.work))
+    try:
+        config = cdcd_snapshot_config(setup, contender, slot, work)
+        cmd = _profiled(
+            setup, contender, [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
+        )
+        m = run_measured(cmd, env=cdcd_env(work, False, setup.checkout))
+        _check(m, contender)
+        stats = orjson.loads((work / "stats.json").read_bytes())
+        return Result(contender, stats["events_by_table"]["public.s1"], m)
+    finally:
+        setup.db.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            f"WHERE slot_name = '{slot}'"
+        )
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -578,9 +630,11 @@ def prepare(
     contender and run."""
     db = create_database(cluster, f"bench_{wl.name.lower()}")
     db.execute(wl.ddl)
-    tables = ", ".join(t for t in ("w1", "w2", "w3", "w4", "w5") if t in wl.ddl)
+    tables = ", ".join(t for t in ("w1", "w2", "w3", "w4", "w5", "s1") if t in wl.ddl)
     db.execute("CREATE TABLE bench_sentinel (id int)")
     db.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {tables}, bench_sentinel")
+    if wl.snapshot:  # cdcd creates its slot
+        return db, str(db.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
     first, *rest = (slot_name(wl.name, c, i) for i in range(repeat) for c in contenders)
     start = db.fetchval(
         f"SELECT lsn::text FROM pg_create_logical_replication_slot('{first}', 'pgoutput')"
@@ -632,7 +686,10 @@ def run_workload(
                     log(f"    {contender} #{i + 1}: {summary_line(runs[contender][-1])}")
             results = [median_run(runs[c]) for c in contenders]
         wal = parse_lsn(setup.end_lsn) - parse_lsn(start_lsn)
-        return report(cluster, wl, results, wal)
+        rows = report(cluster, wl, results, wal)
+        if wl.snapshot:
+            add_ratios(rows)
+        return rows
     finally:
         shutil.rmtree(work, ignore_errors=True)
         db.drop()
@@ -649,6 +706,8 @@ def median_run(runs: list[Result]) -> Result:
 def run_contender(setup: Setup, contender: str, run: int = 0) -> Result:
     """Drain the contender's slot; also sample its walsender's CPU time (the server's side)."""
     slot = slot_name(setup.workload.name, contender, run)
+    if setup.workload.snapshot:  # no walsender at work
+        return _run_contender(setup, contender, slot)
     with WalsenderCpu(setup.db, slot) as server:
         result = _run_contender(setup, contender, slot)
     result.extra["server_cpu_seconds"] = round(server.seconds, 3)
@@ -700,6 +759,8 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
         result = _run_contender(replace(setup, checkout=setup.baseline), contender[5:], slot)
         result.contender = contender
         return result
+    if contender in SNAPSHOT_CONTENDERS:
+        return run_snapshot(setup, slot, contender)
     if contender == "pg_recvlogical":
         return run_pg_recvlogical(setup, slot)
     if contender.startswith("psycopg2_"):

@@ -45,6 +45,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.values.binary_containers",
     "cdcd.values.binary",
     "cdcd.assembler.transaction",
+    "cdcd.assembler.sizes",
     "cdcd.assembler.spill",
     "cdcd.assembler.assembler",
     "cdcd.events.change_event",

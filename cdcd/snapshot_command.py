@@ -17,7 +17,7 @@ from cdcd import snapshot_follow
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
 from cdcd.lsn import parse_lsn
-from cdcd.pipeline.incremental import IncrementalState
+from cdcd.pipeline.incremental import NO_KEY, IncrementalState
 from cdcd.pipeline.watermarks import SIGNAL
 from cdcd.progress_rate import duration
 from cdcd.source import conn_params, open_sql
@@ -31,9 +31,14 @@ def qualified(tables: list[str]) -> list[str]:
 
 
 async def request_async(config: Config, tables: list[str], out: TextIO = sys.stdout) -> int:
-    """Check every table (published, with a primary key), then write the signal; returns
-    the signal's LSN."""
+    """Check every table (published, with a key it can page through), then write the signal;
+    returns the signal's LSN."""
     names = qualified(tables)
+    if not config.source.messages:
+        raise DefiniteSourceError(
+            "cdcd snapshot --table: source.messages is off, so the daemon would never see the "
+            "request (a logical message) nor the snapshot's watermarks (turn it on)"
+        )
     conn = await open_sql(conn_params(config), config.source.connect_timeout)
     try:
         published = {
@@ -49,10 +54,7 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
                 )
             key = await primary_key(conn, table.relation.oid)
             if not key:
-                raise DefiniteSourceError(
-                    f"--table {name}: has no primary key; incremental snapshots read tables in "
-                    "key order (add a primary key)"
-                )
+                raise DefiniteSourceError(f"--table {name}: not snapshotted: {NO_KEY}")
             problem = await key_problem(conn, table, [(str(k[0]), str(k[1])) for k in key])
             if problem is not None:
                 raise DefiniteSourceError(f"--table {name}: {problem}")

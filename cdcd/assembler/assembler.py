@@ -1,68 +1,12 @@
 """Assembles decoded pgoutput messages into committed transactions, with bounded memory.
 
 Sans-I/O apart from spill files: :meth:`Assembler.feed` takes one decoded message and the
-XLogData ``wal_start`` it came with, and returns a :class:`Transaction` when one is released.
-No clocks, no logging, no asyncio. PostgreSQL docs: "Logical Streaming Replication
-Protocol" (protocol section 55.5 / 54.5) and "Logical Replication Message Formats"
-(55.9 / 54.9); the streaming and two-phase rules follow the built-in apply worker
-(``src/backend/replication/logical/worker.c``).
-
-What is released, and when:
-
-- ``Begin .. Commit`` -> kind ``"regular"`` at Commit (also when it holds no change).
-- ``Stream Start(xid) .. Stream Stop`` segments buffer changes per top-level xid; several xids
-  interleave and ``Begin .. Commit`` may come between segments. ``Stream Commit(xid)`` ->
-  kind ``"streamed"``. ``Stream Abort(xid, xid)`` drops the xid; ``Stream Abort(xid, subxid)``
-  drops that subtransaction and every one that first appeared after it (the position where
-  each subxid first appeared is recorded and the buffer truncated there). A Stream Abort
-  for an xid not buffered is a no-op (PostgreSQL 18 may not stream an aborted transaction
-  at all). A first segment for an xid already buffered means the server re-streams after a
-  reconnect: what was buffered is dropped.
-- ``Begin Prepare .. Prepare`` and ``Stream Prepare`` hold the transaction under its GID;
-  ``Commit Prepared`` releases kind ``"prepared"`` with the Commit Prepared LSNs and time,
-  ``Rollback Prepared`` drops it. Either one for a GID not held is a no-op counted in
-  :attr:`Assembler.unknown_gid_resolutions` (an empty prepared transaction sends no Begin
-  Prepare; after a restart the prepare may already have been confirmed).
-- A non-transactional logical message is released at once as kind ``"message"``, wherever
-  it appears, at commit LSN ``its LSN - 1`` and end LSN its LSN (:func:`_single_message`);
-  a transactional one is a change of its transaction.
-
-Relations: Relation messages outside a stream block update the relation cache at once (as
-the apply worker does). Inside a stream block they are part of that streamed transaction,
-exactly as the apply worker spools them: they apply to its later changes, are dropped with
-the subtransaction that sent them, and enter the shared cache when the transaction commits or
-prepares. pgoutput sends the Relation inside each streamed transaction before its first
-change of that relation (``maybe_send_schema``); a change whose relation is not known at all
-is an :class:`~cdcd.errors.AssemblyError`. Type messages go to ``on_type`` as they come.
-
-Invariants (an :class:`~cdcd.errors.AssemblyError` naming the LSN): no Begin / Begin Prepare /
-Stream Start inside an open transaction or stream block; Commit only after Begin, with the
-Begin's final LSN; Prepare only after Begin Prepare with the same GID, xid and prepare LSN;
-changes only inside a transaction or stream block; Stream Stop only inside a block; Stream
-Commit / Abort / Prepare and Commit / Rollback Prepared only outside transactions and
-blocks; Stream Commit / Prepare and continuation segments only for an xid being streamed
-(the server sends Stream Start before the first change of every streamed transaction, even
-one whose first segment holds only catalog changes: ``ReorderBufferProcessTXN``).
-
-Memory: a transaction is buffered as decoded records until they are accounted more than
-``COMPACT_BYTES``; then it moves to the compact form, a :class:`~cdcd.assembler.spill.SpillFile`
-held in memory (its changes as their pgoutput bytes, decoded again when released), accounted
-as the stream's length. Every later change of the transaction is appended there undecoded
-(:meth:`Assembler.feed_undecoded`), so a large transaction costs about its pgoutput bytes
-rather than several times that, and each change is decoded once. A decoded record is
-accounted as ``CHANGE_OVERHEAD`` bytes plus, per column of each row image,
-``COLUMN_OVERHEAD`` bytes plus the raw value length (Message: its prefix and content). When
-:meth:`Assembler.feed` gets the message's bytes, the change keeps them (moving it to the
-compact form then costs no encoding; dropped once released) and its row images count as
-``COLUMN_OVERHEAD`` per column plus the message's length (an upper bound of the values'
-lengths, and cheaper to compute), plus the kept bytes themselves (``BYTES_OVERHEAD`` plus
-their length). Measured with tracemalloc on CPython 3.11, a three-column insert record
-takes about 400 bytes against an estimate of ~420. When the total accounted bytes pass
-``memory_limit``, the largest in-memory transactions are moved to spill files until the
-total is at or below the limit again; every later change of a spilled transaction is
-appended to its file, through a write buffer of ``spill.DEFAULT_BUFFER_SIZE`` (1 MiB) that is
-not counted. So after each :meth:`Assembler.feed` the accounted bytes are at most
-``memory_limit``.
+XLogData ``wal_start`` it came with, and returns a :class:`Transaction` (or a part of one) when
+one is released. No clocks, no logging, no asyncio. ``docs/assembler.md`` describes what is
+released and when (regular, streamed, prepared transactions, messages, parts of a transaction
+still arriving), how Relations are tracked, the invariants checked (an
+:class:`~cdcd.errors.AssemblyError` naming the LSN), and how memory is accounted and bounded
+(:mod:`cdcd.assembler.sizes`, compact form, spill files).
 """
 
 from __future__ import annotations
@@ -70,13 +14,19 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Final, Literal
 
-from cdcd.assembler.spill import SPILL_PREFIX, SPILL_SUFFIX, SpillFile, remove_stale
-from cdcd.assembler.transaction import ChangeRecord, Transaction, TransactionKind
+from cdcd.assembler.sizes import COMPACT_BYTES, change_size, record_size
+from cdcd.assembler.spill import SPILL_PREFIX, SPILL_SUFFIX, SpillFile, compact, remove_stale
+from cdcd.assembler.subxacts import Subxact, abort_subxact
+from cdcd.assembler.transaction import (
+    ChangeRecord,
+    Transaction,
+    TransactionKind,
+    message_transaction,
+)
 from cdcd.decoder.events import (
     Begin,
     BeginPrepare,
@@ -97,22 +47,13 @@ from cdcd.decoder.events import (
     StreamStart,
     StreamStop,
     Truncate,
-    TupleData,
     Type,
     Update,
 )
 from cdcd.errors import AssemblyError
 from cdcd.lsn import format_lsn
 
-#: Accounted bytes per buffered change besides its row images (record, event, tuple objects).
-CHANGE_OVERHEAD: Final = 256
-#: Accounted bytes per column of a row image besides the value itself (pointer, bytes header).
-COLUMN_OVERHEAD: Final = 48
-#: Accounted bytes of a bytes object besides its content (a change's kept pgoutput bytes).
-BYTES_OVERHEAD: Final = 40
-
-#: Accounted bytes of decoded records beyond which a transaction moves to the compact form.
-COMPACT_BYTES: Final = 1 << 20
+__all__ = ["COMPACT_BYTES", "DEFAULT_MEMORY_LIMIT", "Assembler", "change_size", "record_size"]
 
 DEFAULT_MEMORY_LIMIT: Final = 256 << 20
 
@@ -122,21 +63,12 @@ _XID_OID: Final = struct.Struct("!II")  # inside a stream block: xid, relation O
 _BufferKind = Literal["regular", "prepare", "stream"]
 
 
-@dataclass(slots=True)
-class _Subxact:
-    """Where a subtransaction first appeared in a streamed transaction."""
-
-    xid: int
-    index: int  # changes buffered before it
-    seq: int  # spooled items (changes, Relation and Type messages) before it
-    offset: int | None  # spill stream offset of its first change, once in spill format
-
-
 class _Buffer:
     """One transaction being assembled: as decoded records, or (once large) in spill format,
     in memory (compact) or in a spill file."""
 
     __slots__ = (
+        "commit_time",
         "count",
         "final_lsn",
         "first_lsn",
@@ -146,6 +78,8 @@ class _Buffer:
         "origin",
         "origin_lsn",
         "overlay",
+        "parted",
+        "parting",
         "raws",
         "records",
         "rel_log",
@@ -163,7 +97,11 @@ class _Buffer:
         self.xid = xid
         self.first_lsn = first_lsn
         self.final_lsn = final_lsn  # Begin's final LSN, Begin Prepare's prepare LSN
+        self.commit_time = 0  # Begin's (regular transactions)
         self.gid = gid
+        # Regular transactions only: released in parts while they arrive (docs/assembler.md)
+        self.parting = False
+        self.parted = 0  # changes released in earlier parts
         self.records: list[ChangeRecord] = []
         # the pgoutput bytes of each record, when fed with them (None otherwise): a record
         # moved to a spill file is written as those bytes; dropped once released
@@ -175,45 +113,10 @@ class _Buffer:
         self.origin_lsn: int | None = None
         # Streamed transactions only: subtransactions, and the Relations streamed with them.
         self.seq = 0
-        self.subxacts: list[_Subxact] = []
+        self.subxacts: list[Subxact] = []
         self.subxact_ids: set[int] = set()
         self.overlay: dict[int, Relation] = {}
         self.rel_log: list[tuple[int, Relation]] = []
-
-
-def change_size(change: Change) -> int:
-    """The accounted memory of one buffered change (see the module docstring)."""
-    # isinstance chain rather than match: this runs for every buffered change.
-    if isinstance(change, Insert):
-        return CHANGE_OVERHEAD + _tuple_size(change.new)
-    if isinstance(change, Update):
-        old = 0 if change.old is None else _tuple_size(change.old)
-        return CHANGE_OVERHEAD + old + _tuple_size(change.new)
-    if isinstance(change, Delete):
-        return CHANGE_OVERHEAD + _tuple_size(change.old)
-    if isinstance(change, Truncate):
-        return CHANGE_OVERHEAD + COLUMN_OVERHEAD * len(change.relation_oids)
-    return CHANGE_OVERHEAD + len(change.prefix) + len(change.content)
-
-
-def record_size(change: Change, raw: bytes | None) -> int:
-    """The accounted memory of one buffered change, with its pgoutput bytes when kept."""
-    if raw is None:
-        return change_size(change)
-    if isinstance(change, Insert):
-        ncols = len(change.new.values)
-    elif isinstance(change, Delete):
-        ncols = len(change.old.values)
-    elif isinstance(change, Update):
-        ncols = len(change.new.values) + (0 if change.old is None else len(change.old.values))
-    else:
-        return change_size(change) + len(raw) + BYTES_OVERHEAD
-    return CHANGE_OVERHEAD + COLUMN_OVERHEAD * ncols + 2 * len(raw) + BYTES_OVERHEAD
-
-
-def _tuple_size(tup: TupleData) -> int:
-    values = tup.values
-    return COLUMN_OVERHEAD * len(values) + sum(map(len, filter(None, values)))
 
 
 def _where(lsn: int) -> str:
@@ -227,7 +130,9 @@ class Assembler:
     ``spill_dir``; with ``spill_dir=None`` nothing spills (unbounded; for tests). Stale
     spill files in ``spill_dir`` are deleted at construction. ``compact_bytes``: accounted
     bytes of a transaction's decoded records beyond which it moves to the compact form.
-    ``on_type`` receives every Type message.
+    ``on_type`` receives every Type message. ``part_bytes``: accounted bytes of a regular
+    transaction's changes beyond which they are released as a part while it still arrives
+    (None: never; docs/assembler.md, "Parts"); :attr:`may_part` may refuse it per transaction.
     """
 
     def __init__(
@@ -237,8 +142,13 @@ class Assembler:
         spill_dir: Path | None = None,
         compact_bytes: int = COMPACT_BYTES,
         on_type: Callable[[Type], None] | None = None,
+        part_bytes: int | None = None,
     ) -> None:
         self._memory_limit = memory_limit
+        self._parts = part_bytes is not None
+        self._part_bytes = part_bytes or 0
+        #: Asked at each Begin with the transaction's commit LSN: may it be released in parts?
+        self.may_part: Callable[[int], bool] | None = None
         self._compact_bytes = compact_bytes
         self._spill_dir = spill_dir
         self._on_type = on_type
@@ -334,13 +244,15 @@ class Assembler:
                     self._append(buf, ChangeRecord(lsn, msg, (rel,)), msg.xid)
                 else:
                     self._append_change(buf, lsn, msg, rel, data)
+                if buf.parting and buf.mem_bytes > self._part_bytes:
+                    return self._release_part(buf)
             case Truncate():
                 buf = self._target(msg, lsn)
                 rels = tuple(self._relation(buf, oid, lsn) for oid in msg.relation_oids)
                 self._append(buf, ChangeRecord(lsn, msg, rels), msg.xid)
             case Message():
                 if not msg.transactional:
-                    return _single_message(msg, lsn)
+                    return message_transaction(msg, lsn)
                 buf = self._target(msg, lsn)
                 self._append(buf, ChangeRecord(lsn, msg, ()), msg.xid)
             case Relation():
@@ -352,7 +264,11 @@ class Assembler:
                     self._on_type(msg)
             case Begin():
                 self._check_outside("Begin", lsn)
-                self._current = _Buffer("regular", msg.xid, lsn, final_lsn=msg.final_lsn)
+                buf = self._current = _Buffer("regular", msg.xid, lsn, final_lsn=msg.final_lsn)
+                buf.commit_time = msg.commit_time
+                buf.parting = self._parts and (
+                    self.may_part is None or self.may_part(msg.final_lsn)
+                )
             case Commit():
                 return self._on_commit(msg, lsn)
             case Origin():
@@ -377,27 +293,21 @@ class Assembler:
                 self._hold(buf)
             case BeginPrepare():
                 self._check_outside("Begin Prepare", lsn)
-                old = self._prepared.pop(msg.gid, None)
-                if old is not None:  # resent after a reconnect
-                    self._discard(old)
+                self._hold_nothing(msg.gid)  # resent after a reconnect
                 self._current = _Buffer(
                     "prepare", msg.xid, lsn, final_lsn=msg.prepare_lsn, gid=msg.gid
                 )
             case Prepare():
                 self._on_prepare(msg, lsn)
             case CommitPrepared():
-                self._check_outside("Commit Prepared", lsn)
-                held = self._prepared.pop(msg.gid, None)
-                if held is None:
-                    self.unknown_gid_resolutions += 1
-                    return None
-                return self._release(held, "prepared", msg.commit_lsn, msg.end_lsn, msg.commit_time)
+                held = self._resolve(msg.gid, "Commit Prepared", lsn)
+                if held is not None:
+                    return self._release(
+                        held, "prepared", msg.commit_lsn, msg.end_lsn, msg.commit_time
+                    )
             case RollbackPrepared():
-                self._check_outside("Rollback Prepared", lsn)
-                held = self._prepared.pop(msg.gid, None)
-                if held is None:
-                    self.unknown_gid_resolutions += 1
-                else:
+                held = self._resolve(msg.gid, "Rollback Prepared", lsn)
+                if held is not None:
                     self._discard(held)
         return None
 
@@ -464,34 +374,8 @@ class Assembler:
         if msg.subxid == msg.xid:
             del self._streams[msg.xid]
             self._discard(buf)
-            return
-        position = next((i for i, s in enumerate(buf.subxacts) if s.xid == msg.subxid), None)
-        if position is None:
-            return  # the subtransaction made no change that was streamed
-        sub = buf.subxacts[position]
-        for later in buf.subxacts[position:]:
-            buf.subxact_ids.discard(later.xid)
-        del buf.subxacts[position:]
-        if buf.spill is not None:
-            assert sub.offset is not None, "a subtransaction in spill format has an offset"
-            buf.spill.truncate(sub.offset)
-            if buf.spill.in_memory:
-                dropped = buf.mem_bytes - buf.spill.tell()
-                buf.mem_bytes -= dropped
-                self._buffered -= dropped
         else:
-            dropped = sum(
-                record_size(r.change, raw)
-                for r, raw in zip(buf.records[sub.index :], buf.raws[sub.index :], strict=True)
-            )
-            del buf.records[sub.index :]
-            del buf.raws[sub.index :]
-            buf.mem_bytes -= dropped
-            self._buffered -= dropped
-        buf.count = sub.index
-        if buf.rel_log and buf.rel_log[-1][0] >= sub.seq:
-            buf.rel_log = [(seq, rel) for seq, rel in buf.rel_log if seq < sub.seq]
-            buf.overlay = {rel.oid: rel for _, rel in buf.rel_log}
+            self._buffered -= abort_subxact(buf, msg.subxid)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -538,10 +422,20 @@ class Assembler:
         return buf
 
     def _hold(self, buf: _Buffer) -> None:
-        old = self._prepared.pop(buf.gid, None)
-        if old is not None:
-            self._discard(old)
+        self._hold_nothing(buf.gid)
         self._prepared[buf.gid] = buf
+
+    def _hold_nothing(self, gid: str) -> None:
+        if (old := self._prepared.pop(gid, None)) is not None:
+            self._discard(old)
+
+    def _resolve(self, gid: str, what: str, lsn: int) -> _Buffer | None:
+        """The prepared transaction ``gid`` a Commit / Rollback Prepared resolves, if held."""
+        self._check_outside(what, lsn)
+        held = self._prepared.pop(gid, None)
+        if held is None:
+            self.unknown_gid_resolutions += 1
+        return held
 
     def _spool_catalog(self, buf: _Buffer, xid: int | None) -> None:
         """A Relation or Type message inside a stream block: spooled, like a change."""
@@ -552,7 +446,7 @@ class Assembler:
         if xid is None or xid == buf.xid or xid in buf.subxact_ids:
             return
         offset = buf.spill.tell() if buf.spill is not None else None
-        buf.subxacts.append(_Subxact(xid, buf.count, buf.seq, offset))
+        buf.subxacts.append(Subxact(xid, buf.count, buf.seq, offset))
         buf.subxact_ids.add(xid)
 
     def _count_change(self, buf: _Buffer, xid: int | None) -> None:
@@ -578,22 +472,15 @@ class Assembler:
         """Account ``size`` more bytes to ``buf`` held in memory; compact, spill if needed."""
         buf.mem_bytes += size
         self._buffered += size
-        if buf.spill is None and buf.mem_bytes > self._compact_bytes:
+        if buf.spill is None and buf.mem_bytes > self._compact_bytes and not buf.parting:
             self._compact(buf)
         if self._buffered > self._memory_limit and self._spill_dir is not None:
             self._spill_until_under(self._spill_dir)
 
     def feed_undecoded(self, data: bytes, lsn: int, *, streamed: bool) -> bool:
         """Take an Insert, Update or Delete as pgoutput bytes, undecoded, if it belongs to a
-        transaction in spill format (compact in memory, or spilled); return whether it was
-        taken.
-
-        Such a transaction stores its changes as their pgoutput bytes and decodes them when
-        it is read back, so decoding them on arrival as well would be wasted. Only the
-        relation OID (and, ``streamed``: inside a stream block, the xid) is read here; a
-        malformed change surfaces when the transaction is read back, with its tag and LSN.
-        When this returns False, decode ``data`` and :meth:`feed` it as usual.
-        """
+        transaction in spill format (decoded when read back; docs/assembler.md, "Memory");
+        return whether it was taken. False: decode ``data`` and :meth:`feed` it as usual."""
         buf = self._block or self._current
         if buf is None or buf.spill is None or data[:1] not in (b"I", b"U", b"D"):
             return False
@@ -649,20 +536,11 @@ class Assembler:
 
     def _compact(self, buf: _Buffer) -> None:
         """Move ``buf``'s decoded records into a spill stream held in memory."""
-        spill = buf.spill = SpillFile(None)
-        pending = iter([sub for sub in buf.subxacts if sub.offset is None])
-        sub = next(pending, None)
-        for index, (record, raw) in enumerate(zip(buf.records, buf.raws, strict=True)):
-            while sub is not None and sub.index <= index:
-                sub.offset = spill.tell()
-                sub = next(pending, None)
-            if raw is None:
-                spill.append(record)
-            else:
-                spill.append_raw(record.lsn, raw, record.change.xid, record.relations)
-        while sub is not None:  # first seen after the last change so far (a Relation)
-            sub.offset = spill.tell()
-            sub = next(pending, None)
+        pending = [sub for sub in buf.subxacts if sub.offset is None]
+        spill, offsets = compact(buf.records, buf.raws, [sub.index for sub in pending])
+        for sub, offset in zip(pending, offsets, strict=True):
+            sub.offset = offset
+        buf.spill = spill
         self._buffered += spill.tell() - buf.mem_bytes
         buf.mem_bytes = spill.tell()
         buf.records = []
@@ -680,12 +558,7 @@ class Assembler:
             buf.spill = None
 
     def _release(
-        self,
-        buf: _Buffer,
-        kind: TransactionKind,
-        commit_lsn: int,
-        end_lsn: int,
-        commit_time: int,
+        self, buf: _Buffer, kind: TransactionKind, commit_lsn: int, end_lsn: int, commit_time: int
     ) -> Transaction:
         self._buffered -= buf.mem_bytes
         txn = Transaction(
@@ -694,10 +567,11 @@ class Assembler:
             commit_lsn=commit_lsn,
             end_lsn=end_lsn,
             commit_time=commit_time,
-            size=buf.count,
+            size=buf.count - buf.parted,
             origin=buf.origin,
             origin_lsn=buf.origin_lsn,
             gid=buf.gid or None,
+            begins=buf.parted == 0,
         )
         spill = buf.spill
         if spill is None:
@@ -714,19 +588,10 @@ class Assembler:
             txn._on_release = spill.delete
         return txn
 
-
-def _single_message(msg: Message, lsn: int) -> Transaction:
-    """A non-transactional message as a Transaction of its own. Its position is ``msg.lsn - 1``:
-    pgoutput's Message LSN is the *end* of the message's WAL record, which is where the next
-    record begins, so it can be the commit LSN of the transaction committed right after it;
-    one byte before is inside the message's own record, where no transaction commits. It is
-    acknowledged with ``msg.lsn``, as before (end LSNs stay strictly increasing)."""
-    return Transaction(
-        kind="message",
-        xid=msg.xid or 0,
-        commit_lsn=msg.lsn - 1,
-        end_lsn=msg.lsn,
-        commit_time=0,
-        size=1,
-        _records=[ChangeRecord(lsn, msg, ())],
-    )
+    def _release_part(self, buf: _Buffer) -> Transaction:
+        """The changes buffered so far of the regular transaction ``buf`` (decoded records: a
+        parting buffer never compacts, and one that spilled holds no memory), as a part."""
+        part = self._release(buf, "regular", buf.final_lsn, 0, buf.commit_time)
+        part.ends = False
+        buf.parted, buf.mem_bytes, buf.records, buf.raws = buf.count, 0, [], []
+        return part

@@ -256,6 +256,25 @@ class SpillFile:
         return ids
 
 
+def compact(
+    records: list[ChangeRecord], raws: list[bytes | None], firsts: list[int]
+) -> tuple[SpillFile, list[int]]:
+    """A stream in memory holding ``records`` in order, each as its pgoutput bytes in ``raws``
+    when kept; and for each record index in ``firsts`` (ascending) the offset where that record
+    starts (the end of the stream for an index past the last record)."""
+    spill = SpillFile(None)
+    offsets: list[int] = []
+    for index, (record, raw) in enumerate(zip(records, raws, strict=True)):
+        while len(offsets) < len(firsts) and firsts[len(offsets)] <= index:
+            offsets.append(spill.tell())
+        if raw is None:
+            spill.append(record)
+        else:
+            spill.append_raw(record.lsn, raw, record.change.xid, record.relations)
+    offsets += [spill.tell()] * (len(firsts) - len(offsets))
+    return spill, offsets
+
+
 def _create(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
 

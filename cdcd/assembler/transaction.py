@@ -13,15 +13,24 @@ Each :class:`ChangeRecord` keeps the Relation (or Relations, for Truncate) as th
 described when the change was decoded, so DDL in the middle of a transaction changes only the
 later changes. Changes of a large transaction may live in a spill file: ``changes()`` reads
 them back in order, and may be called more than once until ``release()``.
+
+A regular transaction (Begin .. Commit, not streamed) arrives only after it committed, and its
+Begin carries its commit LSN, so its changes' positions are known from the first one: the
+assembler releases it in *parts* while it arrives (README "Guarantees", docs/assembler.md).
+A part is a ``Transaction`` too: ``begins`` on the first (the sinks' ``begin``), ``ends`` on the
+last (their ``commit``, with the end LSN, which earlier parts do not know: 0 there). A whole
+transaction is one part that begins and ends. ``size`` counts the changes of the part.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice
 from typing import Literal
 
-from cdcd.decoder.events import Change, Relation
+from cdcd.decoder.events import Change, Message, Relation
 
 TransactionKind = Literal["regular", "streamed", "prepared", "message", "snapshot", "reset"]
 
@@ -55,7 +64,8 @@ class Transaction:
     two-phase transaction (released at Commit Prepared, with that message's LSNs and time).
     ``size`` is the number of changes. ``mem_bytes`` is the memory its in-memory changes were
     accounted by the assembler (0 when they live in a spill file): what it holds until
-    :meth:`release`.
+    :meth:`release`. ``begins`` / ``ends``: this is the first / last part of the transaction
+    (both for a whole one; see the module docstring); ``end_lsn`` is 0 until the last part.
     """
 
     kind: TransactionKind
@@ -68,6 +78,8 @@ class Transaction:
     origin_lsn: int | None = None
     gid: str | None = None
     mem_bytes: int = 0
+    begins: bool = True
+    ends: bool = True
     _reader: Callable[[], Iterator[ChangeRecord]] | None = field(default=None, repr=False)
     _records: list[ChangeRecord] | None = field(default=None, repr=False)
     _on_release: Callable[[], None] | None = field(default=None, repr=False)
@@ -80,6 +92,17 @@ class Transaction:
             return self._reader()
         return iter(())
 
+    def drop_first(self, count: int) -> None:
+        """Leave out the first ``count`` changes (handed over before a reconnect)."""
+        if count <= 0:
+            return
+        count = min(count, self.size)
+        self.size -= count
+        if self._records is not None:
+            self._records = self._records[count:]
+        elif self._reader is not None:
+            self._reader = partial(_skipping, self._reader, count)
+
     def release(self) -> None:
         """Free what the transaction holds (memory, spill files). Call once all sinks are done."""
         self._records = None
@@ -87,3 +110,24 @@ class Transaction:
         if self._on_release is not None:
             callback, self._on_release = self._on_release, None
             callback()
+
+
+def message_transaction(msg: Message, lsn: int) -> Transaction:
+    """A non-transactional message as a Transaction of its own. Its position is ``msg.lsn - 1``:
+    pgoutput's Message LSN is the *end* of the message's WAL record, which is where the next
+    record begins, so it can be the commit LSN of the transaction committed right after it;
+    one byte before is inside the message's own record, where no transaction commits. It is
+    acknowledged with ``msg.lsn``, as before (end LSNs stay strictly increasing)."""
+    return Transaction(
+        kind="message",
+        xid=msg.xid or 0,
+        commit_lsn=msg.lsn - 1,
+        end_lsn=msg.lsn,
+        commit_time=0,
+        size=1,
+        _records=[ChangeRecord(lsn, msg, ())],
+    )
+
+
+def _skipping(reader: Callable[[], Iterator[ChangeRecord]], count: int) -> Iterator[ChangeRecord]:
+    return islice(reader(), count, None)

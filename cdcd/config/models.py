@@ -216,8 +216,13 @@ class SnapshotConfig(_Model):
     ] = "initial"
     #: where cdcd records that a snapshot is running, so an interrupted one is redone
     state_dir: ConfigPath = Field(default=Path("cdcd-state"), validate_default=True)
-    #: rows fetched per round trip while snapshotting
+    #: rows handed to the sinks per batch while snapshotting
     batch_rows: int = Field(default=5000, ge=1)
+    #: connections reading snapshot chunks at once: block ranges of the initial snapshot, key
+    #: ranges of an incremental one (README "Initial snapshot", "Incremental snapshots")
+    workers: int = Field(default=1, ge=1, le=64)
+    #: rows per block-range chunk of the initial snapshot, estimated from pg_class
+    initial_chunk_rows: int = Field(default=100_000, ge=1)
     #: rows per chunk of an incremental snapshot (README "Incremental snapshots")
     chunk_rows: int = Field(default=2048, ge=1)
     #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a

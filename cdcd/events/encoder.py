@@ -33,8 +33,9 @@ methods:
     key_names -> tuple[str, ...] | None, catalog -> Catalog
 
 ``Encoder(context: SinkContext, catalog: Catalog, clock=time.time)``:
-    events(txn: Transaction) -> Iterator[ChangeEvent]
-    batches(txn, max_events=1000) -> Iterator[list[ChangeEvent]]
+    events(txn: Transaction, cursor=None) -> Iterator[ChangeEvent]
+    batches(txn, max_events=1000, cursor=None) -> Iterator[list[ChangeEvent]]
+    (``cursor``: an :class:`EventCursor` carried from one part of a transaction to the next)
     snapshot_events(relation, rows, *, commit_lsn, commit_time, first_seq=0, xid=None,
                     last=False) -> Iterator[ChangeEvent]          (op "r")
     schema_info(relation) -> dict                                 (the file sink's _schema files)
@@ -119,6 +120,18 @@ def _key_changed(key_idx: tuple[int, ...], old: TupleData, new: TupleData) -> bo
     return False
 
 
+class EventCursor:
+    """Where the events of a transaction handed over in parts (docs/assembler.md) go on: the
+    next ``seq``, the ``data_collection_order`` counts per table, the previous event's LSN."""
+
+    __slots__ = ("collections", "prev_lsn", "seq")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.collections: dict[int | None, int] = {}
+        self.prev_lsn: int | None = None
+
+
 class Encoder:
     """Turns transactions into change events for every sink (see the module docstring)."""
 
@@ -146,8 +159,9 @@ class Encoder:
         """The table's columns (name, type name, type oid, typmod, key flag) and key."""
         return self._rel(relation).schema_info()
 
-    def events(self, txn: Transaction) -> Iterator[ChangeEvent]:
-        """The events of ``txn`` in ``seq`` order."""
+    def events(self, txn: Transaction, cursor: EventCursor | None = None) -> Iterator[ChangeEvent]:
+        """The events of ``txn`` in ``seq`` order; ``cursor``: continue a transaction's events
+        from its earlier parts (and record where they stop, once all are taken)."""
         if txn.kind == "snapshot":  # a chunk of an incremental snapshot: rows of one table
             rows = [record.change.new for record in txn.changes()]  # type: ignore[union-attr]
             if rows:
@@ -168,9 +182,11 @@ class Encoder:
         clock = self._clock
         # the reset of a recreated slot: truncates marked as such (cdcd.pipeline.recreate)
         marked = "reset" if txn.kind == "reset" else "false"
-        collections: dict[int | None, int] = {}
-        seq = 0
-        prev_lsn: int | None = None
+        if cursor is None:
+            cursor = EventCursor()
+        collections = cursor.collections
+        seq = cursor.seq
+        prev_lsn = cursor.prev_lsn
 
         for record in txn.changes():
             lsn = record.lsn
@@ -209,6 +225,8 @@ class Encoder:
                 )
                 seq += 1
                 prev_lsn = lsn
+        cursor.seq = seq
+        cursor.prev_lsn = prev_lsn
 
     def _split(self, record: ChangeRecord, txn: Transaction) -> tuple[_Parts, ...]:
         """The events one change becomes: (op, table, before, after, TOAST fill, extra)."""
@@ -237,11 +255,13 @@ class Encoder:
             f"unexpected change {change!r} in transaction {txn.xid}"
         )
 
-    def batches(self, txn: Transaction, max_events: int = 1000) -> Iterator[list[ChangeEvent]]:
+    def batches(
+        self, txn: Transaction, max_events: int = 1000, cursor: EventCursor | None = None
+    ) -> Iterator[list[ChangeEvent]]:
         """The events of ``txn`` in lists of at most ``max_events`` (never empty)."""
         batch: list[ChangeEvent] = []
         append = batch.append
-        for event in self.events(txn):
+        for event in self.events(txn, cursor):
             append(event)
             if len(batch) >= max_events:
                 yield batch

@@ -1,17 +1,21 @@
 """Incremental snapshots: tables read in key-ordered chunks while streaming goes on (DBLog).
 
-For each requested table with a primary key, chunk after chunk (README "Incremental
-snapshots")::
+For each requested table with a primary key (or a replica identity index), chunk after chunk
+(README "Incremental snapshots")::
 
-    arm the window ▶ low watermark ▶ SELECT ... WHERE (key) > (last) ORDER BY key LIMIT n
-        ▶ high watermark ▶ wait until the reader has reached it (cdcd.pipeline.watermarks)
+    arm the window ▶ low watermark ▶ COPY (SELECT ... WHERE (key) > (last) ORDER BY key
+        LIMIT n) ▶ high watermark ▶ wait until the reader has reached it (cdcd.pipeline.watermarks)
+
+With ``snapshot.workers`` > 1 the next chunk's last key is looked up first (``OFFSET n - 1`` on
+the key's index), so that chunks ``(last, next]`` are read at once over that many connections,
+each between its own watermarks.
 
 The reader drops the rows changed inside the window and queues the rest as a ``"snapshot"``
 transaction at the high watermark's position, like any committed transaction: the progress
 tracker confirms nothing past it until every sink holds it durably. The progress of each table
-(its last chunk's key) is written to :class:`IncrementalState` only once that chunk is durable
-in every sink, so a restart (kill -9 included) resumes at the next chunk; at worst the chunks
-in flight at the crash are emitted again.
+(its last chunk's key) is written to :class:`IncrementalState` only once that chunk and every
+chunk before it are durable in every sink, so a restart (kill -9 included) resumes at the next
+chunk; at worst the chunks in flight at the crash are emitted again.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,34 +36,33 @@ import asyncpg
 import structlog
 
 from cdcd.config import Config
-from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
+from cdcd.decoder.events import TupleData
 from cdcd.errors import ConfigError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.watermarks import WATERMARK, Chunk, Watermarks
+from cdcd.pipeline.watermarks import (
+    WATERMARK,
+    Chunk,
+    ChunkResult,
+    Watermarks,
+    parse_snapshot,
+)
 from cdcd.source import open_sql
 from cdcd.source.queries import emit_message
 from cdcd.source.snapshot import (
     SnapshotTable,
-    chunk_sql,
     incremental_state_path,
     key_problem,
+    next_bound,
     primary_key,
     published_tables,
+    read_key_chunk,
     row_estimate,
-    table_shape,
 )
 from cdcd.stats import Stats, TableSnapshot
 
 log = structlog.get_logger("cdcd.snapshot")
 
-#: what reading a chunk of a table altered meanwhile may raise
-_ALTERED = (
-    asyncpg.UndefinedTableError,
-    asyncpg.UndefinedColumnError,
-    asyncpg.UndefinedFunctionError,
-    asyncpg.DataError,
-)
 
 #: what a lost connection raises (the server restarting, a cut connection): retried
 _CONNECTION_LOST = (
@@ -147,7 +151,9 @@ class IncrementalState:
 
 @dataclass(slots=True)
 class _Done:
-    """A chunk queued at ``end_lsn`` (0: nothing queued), to record once durable."""
+    """A chunk queued at ``end_lsn`` (0: nothing queued; -1: not read yet), to record once
+    durable; kept in key order, so the recorded key is one below which every chunk is
+    durable."""
 
     table: str
     end_lsn: int
@@ -271,7 +277,7 @@ class IncrementalSnapshot:
         durable = self.tracker.durable_lsn()
         done = 0
         for item in self._undurable:
-            if item.end_lsn > durable:
+            if item.end_lsn < 0 or item.end_lsn > durable:  # < 0: not read yet
                 break
             done += 1
         if not done:
@@ -299,12 +305,14 @@ class IncrementalSnapshot:
             return
         key_cols = await primary_key(conn, table.relation.oid)
         problem = (
-            "source.binary is on: incremental snapshots compare keys as text (turn it off)"
+            "source.messages is off: the watermarks are logical messages the stream must carry "
+            "(turn it on)"
+            if not self.config.source.messages
+            else "source.binary is on: incremental snapshots compare keys as text (turn it off)"
             if self.config.source.binary
             else None
             if key_cols
-            else "it has no primary key: incremental snapshots read tables in key order (add "
-            "a primary key, or use snapshot.mode: initial)"
+            else NO_KEY
         )
         keys = [(str(r[0]), str(r[1])) for r in key_cols]
         if problem is None:
@@ -318,7 +326,6 @@ class IncrementalSnapshot:
             entry["estimate"] = max(int(estimate), 0)
             self.state.save()
         key_names = tuple(str(r[0]) for r in key_cols)
-        oid = table.relation.oid
         rows_done = int(entry["rows"])
         last_key = entry["last_key"]
         log.info(
@@ -330,100 +337,104 @@ class IncrementalSnapshot:
         progress = self.stats.snapshots[name] = TableSnapshot(
             "running", rows_done, int(entry["estimate"] or 0), bytes=int(entry.get("bytes") or 0)
         )
+        cfg = self.config.snapshot
         started = last_log = described = time.monotonic()
-        failed = False  # the last chunk could not be read
         progress.meter.add(started, rows_done)
-        shape = await table_shape(conn, table.relation.oid)
-        while self.state.tables.get(name) is entry:
-            self.record_durable()
-            # bounded: what a crash makes emit again (chunks not recorded yet) stays small
-            if len(self._undurable) >= self.config.snapshot.chunks_in_flight:
-                self._flush()  # rather than wait for the sinks' flush_interval
-            while len(self._undurable) >= self.config.snapshot.chunks_in_flight:
-                await asyncio.sleep(0.02)
+        current = [table]  # as last described; a chunk that finds it changed describes it again
+        lo = last_key  # the next chunk starts after this key
+        tail = False  # a chunk without an upper key is in flight: the next start comes from it
+        ended = False
+        inflight: dict[asyncio.Task[Any], tuple[_Done, Any]] = {}
+        pool = [conn] if cfg.workers == 1 else []
+        try:
+            for _ in range(len(pool), cfg.workers):  # several workers: connections of their own
+                pool.append(await open_sql(self.source.params, self.config.source.connect_timeout))
+            while self.state.tables.get(name) is entry and not (ended and not inflight):
                 self.record_durable()
-            if time.monotonic() - described >= _POLL_SECONDS:
-                described = time.monotonic()
-                # the shape first: a change after it is seen at the next chunk
-                shape = await table_shape(conn, table.relation.oid)
-                current = await self._describe(conn, name)  # columns added, dropped, ...
-                if current is None:
-                    self._removed(name, entry)
-                    break
-                table, oid = current, current.relation.oid
-                now_keys = [(str(r[0]), str(r[1])) for r in await primary_key(conn, oid)]
-                if now_keys != keys:  # another order: the keys already read mean nothing
-                    log.warning(
-                        "primary key changed during the table's snapshot; it starts over",
-                        table=name,
-                        key=[" ".join(k) for k in keys],
-                        now=[" ".join(k) for k in now_keys],
+                # bounded: what a crash makes emit again (chunks not recorded yet) stays small
+                if len(self._undurable) >= cfg.chunks_in_flight:
+                    self._flush()  # rather than wait for the sinks' flush_interval
+                if not ended and not tail and pool and len(self._undurable) < cfg.chunks_in_flight:
+                    if time.monotonic() - described >= _POLL_SECONDS and not inflight:
+                        described = time.monotonic()
+                        latest = await self._describe(conn, name)  # columns added, dropped, ...
+                        if latest is None:
+                            self._removed(name, entry)
+                            break
+                        current[0] = latest
+                    # several workers: the next chunk's last key, so that it and the one
+                    # after it can be read at once; one worker reads `chunk_rows` rows
+                    hi = (
+                        await next_bound(conn, current[0], keys, lo, cfg.chunk_rows)
+                        if cfg.workers > 1
+                        else None
                     )
-                    self.request([name])
-                    break
-            chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
-            self.watermarks.arm(chunk)
-            try:
-                await _watermark(conn, chunk.id, "low")
-                try:
-                    # the rows and the table's shape at once: the lock the SELECT takes
-                    # keeps an ALTER TABLE from coming between them
-                    async with conn.transaction(readonly=True):
-                        records = await conn.fetch(
-                            chunk_sql(table, keys, last_key),
-                            self.config.snapshot.chunk_rows,
-                            *(last_key or ()),
+                    done = _Done(name, -1, hi, 0, False)  # end_lsn -1: not read yet
+                    self._undurable.append(done)  # in key order: resume after durable ones
+                    worker = pool.pop()
+                    task = asyncio.create_task(
+                        self._chunk(worker, name, current, key_names, keys, lo, hi)
+                    )
+                    task.add_done_callback(partial(_give_back, pool, worker))
+                    inflight[task] = (done, lo)
+                    if hi is None:
+                        tail = True
+                    else:
+                        lo = hi
+                    continue
+                if not inflight:
+                    await asyncio.sleep(0.05)  # waiting for chunks to be durable
+                    continue
+                finished_tasks, _ = await asyncio.wait(
+                    inflight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in finished_tasks:
+                    done, start = inflight.pop(task)
+                    read = task.result()
+                    if read is None:  # the table went away
+                        self._removed(name, entry)
+                        ended = True
+                        continue
+                    rows, result, row_key = read
+                    if done.last_key is None:  # read `chunk_rows` rows from `start`
+                        tail = False
+                        done.last_key = row_key if row_key is not None else start
+                        ended = done.finished = len(rows) < cfg.chunk_rows
+                        lo = done.last_key
+                    rows_done += result.emitted
+                    done.rows = rows_done
+                    done.end_lsn = result.end_lsn
+                    progress.rows = rows_done
+                    progress.dropped += result.dropped
+                    progress.chunks += 1
+                    progress.bytes += sum(len(v) for row in rows for v in row.values if v)
+                    progress.meter.add(time.monotonic(), rows_done)
+                    done.bytes = progress.bytes
+                    if result.end_lsn:
+                        log.debug(
+                            "chunk queued",
+                            table=name,
+                            at=format_lsn(result.end_lsn),
+                            rows=result.emitted,
+                            dropped=result.dropped,
                         )
-                        read_shape = await table_shape(conn, oid)
-                except _ALTERED as exc:  # the key's type too: the last key no longer fits
-                    if failed:  # again, although described anew: give up on it
-                        self._skipped(name, entry, f"its chunks cannot be read: {exc}")
-                        break
-                    log.info("table changed during its snapshot", table=name, error=str(exc))
-                    described, failed = 0.0, True  # describe it again before the next chunk
-                    continue
-                failed = False
-                if read_shape != shape:  # a column added, dropped, of another type
-                    log.info("table altered during its snapshot; chunk read again", table=name)
-                    described = 0.0
-                    continue
-                chunk.rows = [_row(r) for r in records]
-                await _watermark(conn, chunk.id, "high")
-                result = await chunk.done
-            finally:
-                self.watermarks.disarm(chunk)
-            if result.retry:
-                log.info(
-                    "chunk changed in a way its keys cannot show; reading it again", table=name
-                )
-                continue
-            finished = len(records) < self.config.snapshot.chunk_rows
-            if records:
-                last_key = [
-                    None if v is None else v.decode() for v in _key_values(chunk, chunk.rows[-1])
-                ]
-            rows_done += result.emitted
-            progress.rows = rows_done
-            progress.dropped += result.dropped
-            progress.chunks += 1
-            progress.bytes += sum(len(v) for row in chunk.rows for v in row.values if v)
-            progress.meter.add(time.monotonic(), rows_done)
-            if time.monotonic() - last_log >= _LOG_EVERY:
-                last_log = time.monotonic()
-                _log_progress(name, progress)
-            self._undurable.append(
-                _Done(name, result.end_lsn, last_key, rows_done, finished, progress.bytes)
-            )
-            if result.end_lsn:
-                log.debug(
-                    "chunk queued",
-                    table=name,
-                    at=format_lsn(result.end_lsn),
-                    rows=result.emitted,
-                    dropped=result.dropped,
-                )
-            if finished:
-                break
+                if time.monotonic() - last_log >= _LOG_EVERY:
+                    last_log = time.monotonic()
+                    _log_progress(name, progress)
+        except BaseException:
+            for task in inflight:  # a worker failed, or cdcd stops
+                task.cancel()
+            raise
+        finally:
+            if inflight:  # the table was requested again: let its chunks finish
+                await asyncio.wait(inflight)
+            # chunks after one not read are read again at the next attempt: not recorded
+            unread = next((i for i, d in enumerate(self._undurable) if d.end_lsn < 0), None)
+            if unread is not None:
+                del self._undurable[unread:]
+            for worker in pool:
+                if worker is not conn:
+                    worker.terminate()  # nothing in flight on it; it may be broken
         while self._undurable:
             await asyncio.sleep(0.1)
             self.record_durable()
@@ -440,6 +451,51 @@ class IncrementalSnapshot:
             bytes=progress.bytes,
             seconds=round(time.monotonic() - started, 3),
         )
+
+    async def _chunk(
+        self,
+        conn: Any,
+        name: str,
+        current: list[SnapshotTable],
+        key_names: tuple[str, ...],
+        keys: list[tuple[str, str]],
+        after: Any,
+        upto: Any,
+    ) -> tuple[list[TupleData], ChunkResult, list[str | None] | None] | None:
+        """Read the chunk of keys after ``after`` (up to ``upto``, else ``chunk_rows`` rows)
+        between its watermarks, until the window lets it through: its rows, what became of
+        them, the key of its last row; None if the table is gone."""
+        while True:
+            table = current[0]
+            chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
+            self.watermarks.arm(chunk)
+            try:
+                await _watermark(conn, chunk.id, "low")
+                try:
+                    rows, snapshot = await read_key_chunk(
+                        conn, table, keys, after, self.config.snapshot.chunk_rows, upto
+                    )
+                except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+                    log.info("table changed during its snapshot", table=name, error=str(exc))
+                    latest = await self._describe(conn, name)
+                    if latest is None:
+                        return None
+                    current[0] = latest
+                    continue
+                chunk.snapshot = parse_snapshot(snapshot)
+                chunk.rows = rows
+                await _watermark(conn, chunk.id, "high")
+                result = await chunk.done
+            finally:
+                self.watermarks.disarm(chunk)
+            if result.retry:
+                log.info(
+                    "chunk changed in a way its keys cannot show; reading it again", table=name
+                )
+                continue
+            last = _key_values(chunk, rows[-1]) if rows else None
+            key = None if last is None else [None if v is None else v.decode() for v in last]
+            return rows, result, key
 
     async def _describe(self, conn: Any, name: str) -> SnapshotTable | None:
         """The table as published now; None when it is not (dropped, removed)."""
@@ -464,6 +520,15 @@ class IncrementalSnapshot:
         self.state.save()
 
 
+#: why a table without a usable key is not snapshotted incrementally, and what to do
+NO_KEY = (
+    "it has neither a primary key nor a replica identity index, and incremental snapshots "
+    "read tables in key order: add a primary key (or ALTER TABLE ... REPLICA IDENTITY USING "
+    "INDEX on a unique index of NOT NULL columns), or snapshot it with snapshot.mode: initial "
+    "(the exported snapshot reads tables without a key)"
+)
+
+
 def _dropped(conn: Any, what: str, exc: BaseException) -> Any:
     """Log a lost connection and close it: None, the connection to use from now on (the caller
     opens a new one when it next needs it)."""
@@ -479,9 +544,8 @@ async def _pause(backoff: float) -> float:
     return min(backoff * 2, 10.0)
 
 
-def _row(record: Any) -> TupleData:
-    values = tuple(None if v is None else v.encode() for v in record)
-    return TupleData(bytes(KIND_NULL if v is None else KIND_TEXT for v in values), values)
+def _give_back(pool: list[Any], conn: Any, _: Any) -> None:
+    pool.append(conn)
 
 
 def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:

@@ -29,6 +29,13 @@ The inputs
   identifies a resend: a non-transactional message's end LSN is its LSN (the end of its record,
   where the next commit record may start), and positions are made unique separately (the
   message's position is its LSN - 1, see the README's "Change events"). The reader reports a released transaction here before its next ``await``.
+* **A transaction handed over while it arrives** (:meth:`handing`): the reader hands a regular
+  transaction to the writer in parts before its Commit arrives (docs/assembler.md, "Parts").
+  From its first part until it is queued whole it is in flight from its first LSN, whatever
+  the assembler holds: after a reconnect the assembler has forgotten it (the server resends it
+  from its start, and the reader drops what was handed already), but the sinks hold part of it.
+  The sinks' durable positions are end LSNs of whole transactions, so a part being durable
+  confirms nothing.
 * **Committed prepared transactions** (``prepared_cap`` of :meth:`queued`): once the confirmed
   position passes a PREPARE, the server never resends that transaction's changes (at COMMIT
   PREPARED it sends only Commit Prepared). So until the *committed* transaction is durable in
@@ -50,7 +57,7 @@ The inputs
 Invariants (tested in ``tests/unit/test_progress.py``, scenario tables and a property test):
 the confirmed position never moves backwards, and never passes the commit LSN of a queued
 transaction some sink does not yet hold durably, nor the first LSN of anything the assembler
-holds.
+holds or of a transaction handed in parts and not yet queued whole.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class ProgressTracker:
         "_confirmed",
         "_durable",
         "_handed",
+        "_handing",
         "_keepalive",
         "_last_queued_end",
         "_received",
@@ -90,6 +98,7 @@ class ProgressTracker:
         self._durable = [0] * sinks
         self._handed = [0] * sinks
         self._last_queued_end = 0
+        self._handing: int | None = None  # first LSN of a transaction being handed in parts
         self._keepalive = 0
         self._received = 0
         self._session = 0
@@ -130,9 +139,15 @@ class ProgressTracker:
         if end_lsn <= self._last_queued_end:
             return False
         self._last_queued_end = end_lsn
+        self._handing = None  # a transaction handed in parts is queued by its last part
         if prepared_cap is not None:
             self._caps.append((prepared_cap, end_lsn))
         return True
+
+    def handing(self, first_lsn: int) -> None:
+        """The first part of a transaction still arriving is handed to the writer: in flight
+        from ``first_lsn`` (at most its first LSN) until its last part is :meth:`queued`."""
+        self._handing = first_lsn
 
     def past_endpos(self, prepared_cap: int | None) -> None:
         """A transaction released beyond ``--endpos``: never handed to the sinks. If it was a
@@ -168,6 +183,11 @@ class ProgressTracker:
         return self._received
 
     @property
+    def handing_lsn(self) -> int | None:
+        """The first LSN of a transaction being handed in parts (:meth:`handing`), if any."""
+        return self._handing
+
+    @property
     def last_queued_end(self) -> int:
         return self._last_queued_end
 
@@ -182,13 +202,19 @@ class ProgressTracker:
     def caught_up(self, in_flight_ceiling: int | None) -> bool:
         """Nothing in flight: the assembler holds nothing and every sink holds durably every
         transaction ever queued."""
-        return in_flight_ceiling is None and min(self._durable) >= self._last_queued_end
+        return (
+            in_flight_ceiling is None
+            and self._handing is None
+            and min(self._durable) >= self._last_queued_end
+        )
 
     def confirmable(self, in_flight_ceiling: int | None) -> Confirmable:
         """The position that may be confirmed now (never below what was confirmed before)."""
         durable = min(self._durable)
         position = durable if in_flight_ceiling is None else min(durable, in_flight_ceiling)
-        idle = in_flight_ceiling is None and durable >= self._last_queued_end
+        idle = self.caught_up(in_flight_ceiling)
+        if self._handing is not None:
+            position = min(position, self._handing)
         if idle:
             position = max(position, min(self._keepalive, self._received))
         for cap, end_lsn in self._caps:

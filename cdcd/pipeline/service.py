@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from cdcd.assembler.assembler import Assembler
+from cdcd.assembler.assembler import COMPACT_BYTES, Assembler
 from cdcd.benchlog import LatencyLog, write_stats
 from cdcd.config import Config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
@@ -90,6 +90,7 @@ class Pipeline:
                 memory_limit=cfg.buffer.memory_limit,
                 spill_dir=cfg.buffer.spill_dir,
                 on_type=catalog.types.observe,
+                part_bytes=COMPACT_BYTES,  # transactions go to the sinks while they arrive
             )
             self.sinks = [load_sink_class(spec.type)(spec.config, context) for spec in cfg.sinks]
             self.tracker = tracker = ProgressTracker(len(self.sinks))

@@ -4,6 +4,16 @@ read: :mod:`cdcd.source.snapshot`). Their position is just before the consistent
 (``commit_lsn`` = point - 1: a transaction may commit at the point itself); the pseudo-transaction
 is acknowledged at the point.
 
+``snapshot.workers`` connections each open ``REPEATABLE READ`` and import the exported snapshot
+(``SET TRANSACTION SNAPSHOT``) while the replication connection that exported it stays idle, so
+every worker sees the same state. The tables are split into block-range chunks; workers take
+the next chunk in turn, and one writer hands the chunks to the sinks in chunk order (table by
+table), so ``seq`` counts the rows densely in that order, as with one reader, whatever order the
+reads finish in. Rows read ahead of the writer wait in memory: two batches per worker at most,
+within half of ``buffer.memory_limit`` (the sinks have the other half) plus one batch; a batch
+of the chunk the writer is at always gets through, so read-ahead can never block it. One worker
+reads each table whole.
+
 It runs before streaming starts, so it writes to the sinks directly, one after the other,
 retrying :class:`~cdcd.errors.TransientSinkError` as the writer does. The progress tracker counts
 the snapshot in flight until every sink holds the consistent point durably; the state file
@@ -12,7 +22,9 @@ records it finished only after that.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -21,16 +33,81 @@ import structlog
 
 from cdcd.assembler.transaction import Transaction
 from cdcd.config import Config
+from cdcd.decoder.events import TupleData
 from cdcd.events.encoder import Encoder
 from cdcd.lsn import format_lsn, unix_to_pg_us
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import Writer, retrying
 from cdcd.source import open_sql
 from cdcd.source.catalog import LiveCatalog
-from cdcd.source.snapshot import published_tables, read_rows
+from cdcd.source.snapshot import TableChunk, copy_chunk, published_tables, table_chunks
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.snapshot")
+
+
+class _Chunks:
+    """The chunks' rows between the workers and the writer. ``position``: the chunk the writer
+    is at. A worker's rows wait for room (``limit`` bytes, ``most`` batches), except one batch of
+    the chunk the writer is at: workers take chunks in order, so that chunk is being read (or
+    done), and the writer can always go on; memory stays within ``limit`` plus one batch."""
+
+    def __init__(self, count: int, limit: int, most: int) -> None:
+        self.batches: list[deque[tuple[list[TupleData], int]]] = [deque() for _ in range(count)]
+        self.done = [False] * count
+        self.position = 0
+        self.held = 0
+        self.queued = 0
+        self.limit = limit
+        self.most = most
+        self.changed = asyncio.Condition()
+
+    async def put(self, index: int, rows: list[TupleData], size: int) -> None:
+        """Rows of chunk ``index`` and their accounted bytes."""
+        async with self.changed:
+            await self.changed.wait_for(
+                lambda: (
+                    (self.held + size <= self.limit and self.queued < self.most)
+                    or (index == self.position and not self.batches[index])
+                )
+            )
+            self.held += size
+            self.queued += 1
+            self.batches[index].append((rows, size))
+            self.changed.notify_all()
+
+    async def finish(self, index: int) -> None:
+        async with self.changed:
+            self.done[index] = True
+            self.changed.notify_all()
+
+    async def take(self, index: int) -> list[TupleData] | None:
+        """The next rows of chunk ``index`` (the writer's position), None once it is done."""
+        async with self.changed:
+            if self.position != index:
+                self.position = index
+                self.changed.notify_all()
+            await self.changed.wait_for(lambda: bool(self.batches[index]) or self.done[index])
+            if not self.batches[index]:
+                return None
+            rows, size = self.batches[index].popleft()
+            self.held -= size
+            self.queued -= 1
+            self.changed.notify_all()
+            return rows
+
+
+async def _open_at_snapshot(config: Config, source: Any, snapshot_name: str) -> Any:
+    """A connection inside a read-only ``REPEATABLE READ`` transaction at the exported snapshot."""
+    conn = await open_sql(source.params, config.source.connect_timeout)
+    try:
+        await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        literal = "'" + snapshot_name.replace("'", "''") + "'"
+        await conn.execute(f"SET TRANSACTION SNAPSHOT {literal}")
+    except BaseException:
+        conn.terminate()
+        raise
+    return conn
 
 
 async def initial_snapshot(
@@ -50,31 +127,50 @@ async def initial_snapshot(
         for sink, sink_stats in zip(sinks, stats.sinks, strict=True):
             await retrying(partial(call, sink), what, sink_stats)
 
+    cfg = config.snapshot
     point = plan.consistent_point
     tracker.snapshot_started(point)
-    conn = await open_sql(source.params, config.source.connect_timeout)
-    log.info("initial snapshot starting", consistent_point=format_lsn(point))
+    log.info("initial snapshot starting", consistent_point=format_lsn(point), workers=cfg.workers)
     started = time.monotonic()
-    rows_total = 0
-    try:
-        async with conn.transaction(isolation="repeatable_read", readonly=True):
-            literal = "'" + plan.name.replace("'", "''") + "'"
-            await conn.execute(f"SET TRANSACTION SNAPSHOT {literal}")
-            tables = await published_tables(conn, config.source.publication)
-            commit_time = unix_to_pg_us(int(time.time() * 1_000_000))
-            txn = Transaction(
-                kind="snapshot",
-                xid=0,
-                commit_lsn=point - 1,  # a commit can start at the point (cdcd.source.snapshot)
-                end_lsn=point,
-                commit_time=commit_time,
-                size=0,
+    conns: list[Any] = []
+    try:  # opened one after the other: the first failure stops the rest
+        for _ in range(cfg.workers):
+            conns.append(await _open_at_snapshot(config, source, plan.name))
+        tables = await published_tables(conns[0], config.source.publication)
+        chunks: list[TableChunk] = []
+        for table in tables:  # one worker reads tables whole: ranges would only cost
+            chunks += (
+                await table_chunks(conns[0], table, cfg.initial_chunk_rows)
+                if cfg.workers > 1
+                else [TableChunk(table, None, None)]
             )
-            await each_sink("begin", lambda sink: sink.begin(txn))
-            pending: tuple[Any, list[Any]] | None = None
+        commit_time = unix_to_pg_us(int(time.time() * 1_000_000))
+        txn = Transaction(
+            kind="snapshot",
+            xid=0,
+            commit_lsn=point - 1,  # a commit can start at the point (cdcd.source.snapshot)
+            end_lsn=point,
+            commit_time=commit_time,
+            size=0,
+        )
+        # Read-ahead beyond a batch or two per worker gains nothing (the encoding is the
+        # bottleneck) and costs: many live rows make every garbage collection longer.
+        queue = _Chunks(len(chunks), config.buffer.memory_limit // 2, 2 * cfg.workers)
+        next_chunk = 0
+
+        async def read(conn: Any) -> None:
+            nonlocal next_chunk
+            while next_chunk < len(chunks):
+                index = next_chunk
+                next_chunk += 1
+                await copy_chunk(conn, chunks[index], partial(queue.put, index), cfg.batch_rows)
+                await queue.finish(index)
+
+        async def write() -> int:
+            pending: tuple[Any, list[TupleData]] | None = None
             seq = 0
 
-            async def emit(relation: Any, rows: list[Any], last: bool) -> None:
+            async def emit(relation: Any, rows: list[TupleData], last: bool) -> None:
                 nonlocal seq
                 events = list(
                     encoder.snapshot_events(
@@ -91,20 +187,44 @@ async def initial_snapshot(
                 stats.events += len(events)
                 stats.count(f"{relation.namespace}.{relation.name}", "r", len(events))
 
-            for table in tables:
-                await catalog.on_relation(table.relation)
-                async for rows in read_rows(conn, table, config.snapshot.batch_rows):
+            await each_sink("begin", lambda sink: sink.begin(txn))
+            described = None
+            for index, chunk in enumerate(chunks):
+                relation = chunk.table.relation
+                if relation is not described:
+                    described = relation
+                    await catalog.on_relation(relation)
+                while (rows := await queue.take(index)) is not None:
                     if pending is not None:
                         await emit(*pending, last=False)
-                    pending = (table.relation, rows)
-                    rows_total += len(rows)
+                    pending = (relation, rows)
             if pending is not None:
                 await emit(*pending, last=True)
             await each_sink("commit", lambda sink: sink.commit(txn))
+            return seq
+
+        tasks = [asyncio.create_task(write()), *(asyncio.create_task(read(c)) for c in conns)]
+        try:  # the first failure as it is (a sink's error keeps its type and exit code)
+            rows_total, *_ = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         for i in range(len(sinks)):
             tracker.handed(i, point)
         await writer.flush_all()
         plan.state.finish(point)
-    finally:
+    except BaseException:
+        for conn in conns:
+            conn.terminate()  # a COPY may be under way: no orderly goodbye
+        raise
+    for conn in conns:
         await conn.close()
-    log.info("initial snapshot done", rows=rows_total, seconds=round(time.monotonic() - started, 3))
+    log.info(
+        "initial snapshot done",
+        rows=rows_total,
+        tables=len(tables),
+        chunks=len(chunks),
+        seconds=round(time.monotonic() - started, 3),
+    )

@@ -13,6 +13,16 @@ transaction of kind ``"snapshot"`` that takes the high watermark's place and pos
 A message with the prefix :data:`SIGNAL` (written by ``cdcd snapshot --table``) asks for
 tables to be snapshotted. Watermarks and signals are never published to the sinks.
 
+Several chunks may be between their watermarks at once (``snapshot.workers``); each has its
+own window, and a change is noted in every open window of its table.
+
+Commit order in the WAL is not visibility order: a transaction becomes visible to new
+snapshots a moment after its commit record is written, so one that commits just before the low
+watermark may still be invisible to the chunk's read. The snapshot side therefore reads each
+chunk in a transaction whose snapshot (``pg_current_snapshot()``) it hands over with the rows;
+changes the stream carries between arming a chunk and its low watermark are kept aside, and
+those of transactions that snapshot does not see are dropped from the chunk too.
+
 This module holds no I/O: the reader calls :meth:`Watermarks.observe` for each committed
 transaction it is about to queue.
 """
@@ -43,6 +53,8 @@ SIGNAL = "cdcd-signal"
 PREFIXES = (WATERMARK, SIGNAL)
 
 Key = tuple[bytes | None, ...]
+#: a chunk's read snapshot: xmin, xmax and the transactions in progress (32-bit xids)
+Snapshot = tuple[int, int, frozenset[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +78,11 @@ class Chunk:
     relation: Relation
     key_names: tuple[str, ...]
     rows: list[TupleData] | None = None
+    snapshot: Snapshot | None = None  # set with ``rows``; None: every early change counts
     opened: bool = False
     dirty: bool = False
     changed: set[Key] = field(default_factory=set)
+    early: list[tuple[int, set[Key], bool]] = field(default_factory=list)  # before the window
     done: asyncio.Future[ChunkResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -106,38 +120,45 @@ class Watermarks:
     signal's end LSN (a signal is sent again after a reconnect or restart until confirmed)."""
 
     def __init__(self, on_signal: Callable[[list[str], int], None]) -> None:
-        self._chunk: Chunk | None = None
+        self._chunks: dict[str, Chunk] = {}
         self._on_signal = on_signal
 
     @property
     def window_open(self) -> bool:
-        return self._chunk is not None and self._chunk.opened
+        """Whether transactions must be observed: a chunk is armed (its early changes are kept
+        aside) or between its watermarks."""
+        return bool(self._chunks)
 
     def arm(self, chunk: Chunk) -> None:
         """``chunk``'s low watermark is about to be written."""
-        self._chunk = chunk
+        self._chunks[chunk.id] = chunk
 
     def disarm(self, chunk: Chunk) -> None:
-        if self._chunk is chunk:
-            self._chunk = None
+        if self._chunks.get(chunk.id) is chunk:
+            del self._chunks[chunk.id]
 
     def abandon(self) -> None:
-        """Give up the chunk in flight (the slot was recreated: its watermarks may never come
-        back); the snapshot reads it again."""
-        chunk, self._chunk = self._chunk, None
-        if chunk is not None and not chunk.done.done():
-            chunk.done.set_result(ChunkResult(retry=True))
+        """Give up the chunks in flight (the slot was recreated: their watermarks may never come
+        back); the snapshot reads them again."""
+        chunks, self._chunks = self._chunks, {}
+        for chunk in chunks.values():
+            if not chunk.done.done():
+                chunk.done.set_result(ChunkResult(retry=True))
 
     def observe(self, txn: Transaction, mark: Message | None) -> Transaction | None:
         """The transaction to queue in place of ``txn`` (``txn`` itself, a snapshot chunk at
         a high watermark) or None to drop it (a watermark or signal). ``mark``: :func:`marker`
         of ``txn``, computed by the caller when the stream carried such a message."""
-        chunk = self._chunk
         if mark is not None:
             self._on_mark(mark, txn.end_lsn)
-            return self._at_watermark(txn, mark) if chunk is not None else None
-        if chunk is not None and chunk.opened:
-            self._note(chunk, txn)
+            return self._at_watermark(txn, mark) if self._chunks else None
+        for chunk in self._chunks.values():
+            keys, dirty = _changes(chunk, txn)
+            if chunk.opened:
+                chunk.changed |= keys
+                chunk.dirty |= dirty
+            elif keys or dirty:
+                chunk.early.append((txn.xid, keys, dirty))
         return txn
 
     def _on_mark(self, mark: Message, end_lsn: int) -> None:
@@ -148,17 +169,20 @@ class Watermarks:
                 self._on_signal(tables, end_lsn)
 
     def _at_watermark(self, txn: Transaction, mark: Message) -> Transaction | None:
-        chunk = self._chunk
-        assert chunk is not None
         payload = _payload(mark)
-        if mark.prefix != WATERMARK or payload is None or payload.get("id") != chunk.id:
+        chunk = self._chunks.get(payload.get("id")) if payload is not None else None  # type: ignore[arg-type]
+        if mark.prefix != WATERMARK or payload is None or chunk is None:
             return None  # a signal, or a watermark of an earlier run or chunk
         if payload.get("mark") == "low":
             chunk.opened = True
             return None
         if not chunk.opened or chunk.rows is None:
             return None
-        self._chunk = None
+        del self._chunks[chunk.id]
+        for xid, keys, dirty in chunk.early:  # committed before the window, not read
+            if chunk.snapshot is None or not visible(chunk.snapshot, xid):
+                chunk.changed |= keys
+                chunk.dirty |= dirty
         if chunk.dirty:
             chunk.done.set_result(ChunkResult(retry=True))
             return None
@@ -184,30 +208,56 @@ class Watermarks:
             _records=records,
         )
 
-    def _note(self, chunk: Chunk, txn: Transaction) -> None:
-        """Note the keys of ``chunk``'s table that ``txn`` changes."""
-        oid = chunk.relation.oid
-        for record in txn.changes():
-            change = record.change
-            kind = type(change)
-            if kind is Truncate:
-                if oid in change.relation_oids:  # type: ignore[union-attr]
-                    chunk.dirty = True
-                continue
-            if kind is Message or record.relations[0].oid != oid:
-                continue
-            rel = record.relations[0]
-            images: list[TupleData] = []
-            if kind is Insert or kind is Update:
-                images.append(change.new)  # type: ignore[union-attr]
-            if kind is Delete or (kind is Update and change.old is not None):  # type: ignore[union-attr]
-                images.append(change.old)  # type: ignore[union-attr,arg-type]
-            for image in images:
-                key = chunk.key_of(rel, image)
-                if key is None:
-                    chunk.dirty = True
-                else:
-                    chunk.changed.add(key)
+
+def _changes(chunk: Chunk, txn: Transaction) -> tuple[set[Key], bool]:
+    """The keys of ``chunk``'s table that ``txn`` changes, and whether it changes some in a way
+    keys cannot show (a TRUNCATE, a key column missing from an image)."""
+    oid = chunk.relation.oid
+    keys: set[Key] = set()
+    dirty = False
+    for record in txn.changes():
+        change = record.change
+        kind = type(change)
+        if kind is Truncate:
+            if oid in change.relation_oids:  # type: ignore[union-attr]
+                dirty = True
+            continue
+        if kind is Message or record.relations[0].oid != oid:
+            continue
+        rel = record.relations[0]
+        images: list[TupleData] = []
+        if kind is Insert or kind is Update:
+            images.append(change.new)  # type: ignore[union-attr]
+        if kind is Delete or (kind is Update and change.old is not None):  # type: ignore[union-attr]
+            images.append(change.old)  # type: ignore[union-attr,arg-type]
+        for image in images:
+            key = chunk.key_of(rel, image)
+            if key is None:
+                dirty = True
+            else:
+                keys.add(key)
+    return keys, dirty
+
+
+def parse_snapshot(text: str) -> Snapshot:
+    """``pg_current_snapshot()`` (``xmin:xmax:xip,...``, 64-bit xids) as 32-bit xids, the
+    stream's."""
+    xmin, xmax, xip = text.split(":")
+    mask = 0xFFFFFFFF
+    return int(xmin) & mask, int(xmax) & mask, frozenset(int(x) & mask for x in xip.split(",") if x)
+
+
+def _precedes(a: int, b: int) -> bool:
+    """``a`` before ``b`` in 32-bit xid order (modulo 2^32, as PostgreSQL compares them)."""
+    return ((a - b) & 0xFFFFFFFF) >= 0x80000000
+
+
+def visible(snapshot: Snapshot, xid: int) -> bool:
+    """Whether the committed transaction ``xid`` is visible to ``snapshot``."""
+    xmin, xmax, xip = snapshot
+    if _precedes(xid, xmin):
+        return True
+    return _precedes(xid, xmax) and xid not in xip
 
 
 def _payload(mark: Message) -> dict[str, Any] | None:

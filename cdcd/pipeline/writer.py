@@ -10,6 +10,10 @@
   transaction always fits once the sinks' buffers are empty. Each sink gets half the limit,
   shared out, as its ``memory_budget``. A transaction is released (its
   memory and spill file freed) once every sink has been handed all of it.
+* A transaction still arriving comes in parts (docs/assembler.md, "Parts"): the sinks see one
+  ``begin`` (with the first part), the events of every part in order, with ``seq`` going on
+  from part to part, and one ``commit`` (with the last part, which carries the end LSN). Each
+  part counts against the limits above like a transaction, and is released on its own.
 * Events are built once and shared: a window of at most ``window`` items (begin, a batch of
   events, commit) that each sink's task reads in order. The sink task that runs out of items
   builds the next one itself (no task of its own, so one sink costs no task switch per item).
@@ -43,7 +47,7 @@ from cdcd.benchlog import LatencyLog
 from cdcd.decoder import events as ev
 from cdcd.errors import TransientSinkError
 from cdcd.events.catalog import schema_name
-from cdcd.events.encoder import Encoder
+from cdcd.events.encoder import Encoder, EventCursor
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.sinks.base import Sink
 from cdcd.stats import SinkStats, Stats
@@ -52,7 +56,7 @@ log = structlog.get_logger("cdcd.writer")
 
 T = TypeVar("T")
 
-_BEGIN, _WRITE, _COMMIT, _END = range(4)
+_BEGIN, _WRITE, _COMMIT, _END, _PART = range(5)  # _PART: a part other than the last is over
 #: seconds a sink task waits for work before it looks at flushing again
 _IDLE_TICK = 0.1
 #: seconds between two looks at the sinks' buffers while they hold reading back
@@ -96,9 +100,9 @@ async def retrying(
 
 class _Window:
     """Items in order, read by several readers at their own pace; an item is dropped once every
-    reader is past it (``on_dropped`` sees the dropped commits)."""
+    reader is past it (``on_dropped`` sees the dropped commits and ends of parts)."""
 
-    def __init__(self, readers: int, size: int, on_dropped: Callable[[Any], None]) -> None:
+    def __init__(self, readers: int, size: int, on_dropped: Callable[[int, Any], None]) -> None:
         self._items: deque[tuple[int, Any]] = deque()
         self._base = 0  # index of _items[0]
         self._cursors = [0] * readers
@@ -126,8 +130,8 @@ class _Window:
             kind, payload = items.popleft()
             self._base += 1
             dropped = True
-            if kind == _COMMIT:
-                self._on_dropped(payload)
+            if kind in (_COMMIT, _PART):
+                self._on_dropped(kind, payload)
         return dropped
 
 
@@ -156,6 +160,7 @@ class Writer:
         self._latency = latency
         self._waiting: deque[Transaction | None] = deque()  # put, not yet being built
         self._building: Iterator[tuple[int, Any]] | None = None  # items of the next transaction
+        self._cursor: EventCursor | None = None  # of the transaction being handed in parts
         self._progress = asyncio.Event()  # an arrival, an item built, room in the window
         self._room = asyncio.Event()  # a transaction released: room for the reader
         self._held = 0  # transactions put and not yet released
@@ -278,16 +283,18 @@ class Writer:
         if txn is None:
             yield (_END, None)
             return
-        yield (_BEGIN, txn)
+        if txn.begins:
+            self._cursor = None if txn.ends else EventCursor()
+            yield (_BEGIN, txn)
         if self._events_wanted:
-            for batch in self._encoder.batches(txn):
+            for batch in self._encoder.batches(txn, cursor=self._cursor):
                 self._count(batch)
                 yield (_WRITE, batch)
         else:
             for records in _record_batches(txn):
                 self._count_changes(records)
                 yield (_WRITE, records)
-        yield (_COMMIT, txn)
+        yield (_COMMIT, txn) if txn.ends else (_PART, txn)
 
     def _could_take(self, i: int) -> bool:
         window = self._window
@@ -315,18 +322,20 @@ class Writer:
             timer.cancel()
         return expired and not self._could_take(i)
 
-    def _released(self, txn: Transaction) -> None:
-        """Every sink has been handed all of ``txn``."""
+    def _released(self, kind: int, txn: Transaction) -> None:
+        """Every sink has been handed all of ``txn`` (a transaction, or a part of one)."""
         txn.release()
         self._held -= 1
         self._held_bytes -= txn.mem_bytes
         stats = self._stats
         stats.queued_bytes = self._held_bytes
+        self._room.set()
+        if kind == _PART:
+            return
         stats.transactions += 1
         stats.last_commit_time_us = txn.commit_time
         if self._latency is not None:
             self._latency.handed(txn.end_lsn, txn.commit_time)
-        self._room.set()
 
     def _count(self, events: list[Any]) -> None:
         """Per table and op counters (logical messages count under ``_messages``)."""
@@ -367,6 +376,13 @@ class Writer:
             kind, payload = item
             if kind == _END:
                 return
+            if kind == _PART:
+                if window.advance(i):
+                    self._progress.set()
+                # let the loop read the socket between parts: the server keeps sending while
+                # the sinks work through a transaction still arriving
+                await asyncio.sleep(0)
+                continue
             t0 = time.perf_counter()
             method = write if kind == _WRITE else sink.begin if kind == _BEGIN else sink.commit
             try:

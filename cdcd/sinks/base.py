@@ -8,7 +8,9 @@
   duplicate with the same position (Kafka).
 * Each sink runs in its own task, one transaction at a time, in commit order: ``begin(txn)``,
   ``write(batch)`` for each batch of at most 1,000 events, ``commit(txn)``; ``flush()`` when its
-  ``flush_interval`` has passed; ``close()`` at the end.
+  ``flush_interval`` has passed; ``close()`` at the end. A transaction handed over while it
+  arrives comes in parts: ``begin`` gets the first (``end_lsn`` 0, not known yet), ``commit``
+  the last, which carries the end LSN (``Transaction.begins``/``ends``).
 * ``durable_lsn()`` is the end LSN of the newest transaction whose every event the sink holds
   durably, and never decreases (``_mark_durable``). The LSN confirmed to PostgreSQL is the
   minimum over all sinks: a sink must never report a transaction before it is durable.

@@ -543,7 +543,7 @@ class FileSink(Sink):
                 else None
             ),
             "commit_lsn": txn.commit_lsn,
-            "end_lsn": txn.end_lsn,
+            "end_lsn": txn.end_lsn if txn.ends else None,  # a first part does not know it
         }
         position = (txn.commit_lsn, 0 if status == "BEGIN" else 1)
         self._txn_log.append_lines(position, [orjson.dumps(marker)])

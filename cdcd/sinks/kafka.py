@@ -297,7 +297,7 @@ class KafkaSink(Sink):
             "data_collections": None,
             "ts_ms": pg_to_unix_us(txn.commit_time) // 1000,
             "commit_lsn": txn.commit_lsn,
-            "end_lsn": txn.end_lsn,
+            "end_lsn": txn.end_lsn if txn.ends else None,  # a first part does not know it
         }
         if status == "END":
             counts = self._batches.txn_counts

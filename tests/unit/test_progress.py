@@ -185,6 +185,91 @@ SCENARIOS = [
         None,
         100,
     ),
+    # A transaction handed to the writer in parts while it arrives (docs/progress.md rule 10).
+    # The ceiling None stands for an assembler that forgot it (a reconnect in the middle).
+    (
+        "parts handed: the keepalive does not confirm past its start",
+        1,
+        [
+            ("session_started",),
+            ("queued", 160),
+            ("streamed", 160),
+            ("durable", 0, 160),
+            ("handing", 210),
+            ("keepalive", 900),
+            ("streamed", 900),
+        ],
+        None,
+        160,
+    ),
+    (
+        "parts handed, nothing durable before: nothing confirmed",
+        1,
+        [("session_started",), ("handing", 210), ("keepalive", 900), ("streamed", 900)],
+        None,
+        0,
+    ),
+    (
+        # the sinks hold its parts (even durably: files published), but a durable position is
+        # the end LSN of a whole transaction, so they still report the previous one
+        "parts durable in the sinks are not confirmable",
+        2,
+        [
+            ("session_started",),
+            ("queued", 160),
+            ("durable", 0, 160),
+            ("durable", 1, 160),
+            ("handing", 210),
+            ("streamed", 600),
+        ],
+        210,
+        160,
+    ),
+    (
+        "a reconnect in the middle: the assembler forgot it, its start still caps",
+        1,
+        [
+            ("session_started",),
+            ("queued", 160),
+            ("durable", 0, 160),
+            ("handing", 210),
+            ("keepalive", 900),
+            ("streamed", 900),
+            ("session_started",),
+            ("streamed", 950),
+        ],
+        None,
+        160,
+    ),
+    (
+        "the last part queued, not durable: still before its start",
+        1,
+        [
+            ("session_started",),
+            ("queued", 160),
+            ("durable", 0, 160),
+            ("handing", 210),
+            ("queued", 400),
+            ("keepalive", 900),
+            ("streamed", 900),
+        ],
+        None,
+        160,
+    ),
+    (
+        "the last part queued and durable: its end, then the keepalive",
+        1,
+        [
+            ("session_started",),
+            ("handing", 210),
+            ("queued", 400),
+            ("durable", 0, 400),
+            ("keepalive", 900),
+            ("streamed", 900),
+        ],
+        None,
+        900,
+    ),
     (
         "snapshot in flight",
         1,
@@ -280,6 +365,7 @@ class Model:
     pos: int = 0
     held: dict[int, int] = field(default_factory=dict)  # gid -> first LSN of its PREPARE
     partial: Item | None = None  # a regular transaction being received (mid-batch await)
+    handing: Item | None = None  # a regular transaction handed in parts, not yet queued
     queued: list[tuple[Item, int]] = field(default_factory=list)  # (item, first to protect)
     durable: list[int] = field(default_factory=list)
     confirmed: int = 0
@@ -306,6 +392,8 @@ class Model:
                 self.partial = None
             if self.tracker.queued(item.end):
                 self.queued.append((item, item.commit))
+            if item is self.handing:  # its last part
+                self.handing = None
         elif item.kind == "prepare":
             self.held[item.gid] = item.first
         else:
@@ -316,6 +404,16 @@ class Model:
         self.next_item += 1
         self.pos = item.end
         self.tracker.streamed(self.pos)
+
+    def part(self) -> None:
+        """The next transaction, a regular one, is handed in parts before its Commit comes; the
+        model's ceiling leaves it out, as an assembler that forgot it after a reconnect."""
+        if self.next_item >= len(self.items) or self.handing is not None:
+            return
+        item = self.items[self.next_item]
+        if item.kind == "regular" and item.commit >= self.tracker.last_queued_end:  # no resend
+            self.handing = item
+            self.tracker.handing(item.first)
 
     def keepalive(self) -> None:
         self.tracker.keepalive(self.pos)
@@ -353,6 +451,8 @@ class Model:
             assert answer <= first, f"confirmable {answer} passes a held PREPARE at {first}"
         if self.partial is not None:
             assert answer <= self.partial.first
+        if self.handing is not None:
+            assert answer <= self.handing.first, f"confirmable {answer} passes handed parts"
         self.tracker.confirm(answer)
         self.confirmed = answer
 
@@ -385,6 +485,7 @@ OPS = st.one_of(
     st.tuples(st.just("keepalive")),
     st.tuples(st.just("durable"), st.integers(0, 1), st.integers(1, 3)),
     st.tuples(st.just("reconnect")),
+    st.tuples(st.just("part")),
 )
 
 
@@ -394,7 +495,8 @@ def test_never_passes_what_is_not_durable(items: list[Item], sinks: int, ops: li
     """Whatever order the reader, the sinks, keepalives and reconnects come in, the confirmed
     position never moves backwards and never passes a queued transaction that is not durable in
     every sink, nor a PREPARE the assembler holds or a committed prepared transaction that is
-    not durable (the server would never send its changes again)."""
+    not durable (the server would never send its changes again), nor the start of a transaction
+    handed in parts before it is queued whole and durable."""
     model = Model(items, sinks)
     for op in ops:
         match op:
@@ -406,6 +508,8 @@ def test_never_passes_what_is_not_durable(items: list[Item], sinks: int, ops: li
                 model.make_durable(sink % sinks, count)
             case ("reconnect",):
                 model.reconnect()
+            case ("part",):
+                model.part()
         model.check()
     # and it gets there: drain everything, make it durable, and the end is confirmed
     while model.next_item < len(items):

@@ -18,10 +18,22 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
-from cdcd.pipeline.watermarks import SIGNAL, WATERMARK, Chunk, Watermarks, marker
+from cdcd.pipeline.watermarks import (
+    SIGNAL,
+    WATERMARK,
+    Chunk,
+    Watermarks,
+    marker,
+    parse_snapshot,
+    visible,
+)
 
 REL = Relation(None, 42, "public", "t", "d", (Column(0, "v", 25, -1), Column(1, "id", 23, -1)))
 OTHER = Relation(None, 43, "public", "u", "d", (Column(1, "id", 23, -1),))
+
+
+#: a read snapshot that sees every transaction of these tests (their xids are below 1000)
+SEES_ALL = parse_snapshot("1000:1000:")
 
 
 def row(key: int, value: str = "x") -> TupleData:
@@ -66,6 +78,7 @@ async def test_rows_changed_in_the_window_are_dropped() -> None:
     assert feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"})) is None
     assert marks.window_open
     chunk.rows = [row(k) for k in range(1, 8)]
+    chunk.snapshot = SEES_ALL  # the change before the low watermark was read
     inside = [
         change(110, Update(None, 42, None, None, row(2, "new"))),
         change(120, Delete(None, 42, "K", key_image(3))),
@@ -117,7 +130,7 @@ async def test_stale_watermarks_and_signals_never_reach_the_sinks() -> None:
     chunk = Chunk("c2", REL, ("id",))
     marks.arm(chunk)
     assert feed(marks, mark(110, WATERMARK, {"id": "old", "mark": "low"})) is None
-    assert not marks.window_open  # another chunk's watermark opens nothing
+    assert not chunk.opened  # another chunk's watermark opens nothing
     assert feed(marks, mark(120, SIGNAL, {"tables": ["public.t"]})) is None
     assert asked == [(["public.t"], 128)]
     assert feed(marks, mark(130, SIGNAL, {"tables": "not a list"})) is None
@@ -125,3 +138,61 @@ async def test_stale_watermarks_and_signals_never_reach_the_sinks() -> None:
     # a user's own message is published as usual
     own = mark(140, "app", {"x": 1})
     assert marker(own) is None and feed(marks, own) is own
+
+
+async def test_overlapping_windows_of_chunks_read_at_once() -> None:
+    """``snapshot.workers``: two chunks between their watermarks at once, each its own window."""
+    marks = Watermarks(lambda tables, lsn: None)
+    first, second = Chunk("a", REL, ("id",)), Chunk("b", REL, ("id",))
+    marks.arm(first)
+    marks.arm(second)
+    feed(marks, mark(100, WATERMARK, {"id": "a", "mark": "low"}))
+    feed(marks, change(105, Update(None, 42, None, None, row(1, "x"))))  # a's window only
+    feed(marks, mark(110, WATERMARK, {"id": "b", "mark": "low"}))
+    first.rows = [row(1), row(2)]
+    second.rows = [row(1), row(11), row(12)]
+    first.snapshot = second.snapshot = SEES_ALL
+    feed(marks, change(115, Delete(None, 42, "K", key_image(11))))  # both windows
+    out_a = feed(marks, mark(120, WATERMARK, {"id": "a", "mark": "high"}))
+    assert out_a is not None and out_a.commit_lsn == 120
+    assert [int(r.change.new.values[1]) for r in out_a.changes()] == [2]  # type: ignore[union-attr]
+    assert marks.window_open  # b's is still open
+    feed(marks, change(125, Update(None, 42, None, None, row(12, "y"))))  # b's window only
+    out_b = feed(marks, mark(130, WATERMARK, {"id": "b", "mark": "high"}))
+    assert out_b is not None and out_b.commit_lsn == 130
+    # 1 was changed before b's window opened: b keeps it (its image is newer than the change)
+    assert [int(r.change.new.values[1]) for r in out_b.changes()] == [1]  # type: ignore[union-attr]
+    assert not marks.window_open
+
+
+def txn_of(xid: int, lsn: int, c: object) -> Transaction:
+    t = change(lsn, c)
+    t.xid = xid
+    return t
+
+
+async def test_a_change_committed_before_the_window_but_not_read_is_dropped() -> None:
+    """Commit order is not visibility order: a transaction whose commit precedes the low
+    watermark may be invisible to the chunk's read; its keys are dropped from the chunk."""
+    marks = Watermarks(lambda tables, lsn: None)
+    chunk = Chunk("c1", REL, ("id",))
+    marks.arm(chunk)
+    assert marks.window_open  # armed: transactions are observed from now on
+    feed(marks, txn_of(90, 50, Update(None, 42, None, None, row(1, "unseen"))))  # in progress
+    feed(marks, txn_of(80, 60, Update(None, 42, None, None, row(2, "seen"))))  # seen by the read
+    feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"}))
+    chunk.snapshot = parse_snapshot("4294967375:4294967392:4294967386")  # epoch 1, xip 90
+    chunk.rows = [row(1), row(2), row(3)]
+    out = feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"}))
+    assert out is not None
+    assert [int(r.change.new.values[1]) for r in out.changes()] == [2, 3]  # type: ignore[union-attr]
+
+
+def test_snapshot_visibility_in_32_bit_xid_order() -> None:
+    snap = parse_snapshot("100:110:103,105")
+    assert snap == (100, 110, frozenset({103, 105}))
+    assert visible(snap, 99) and visible(snap, 104) and visible(snap, 109)
+    assert not visible(snap, 103) and not visible(snap, 110) and not visible(snap, 200)
+    wrapped = parse_snapshot(f"{2**32 - 5}:{2**32 + 5}:{2**32 + 1}")  # across the wraparound
+    assert visible(wrapped, 2**32 - 6) and visible(wrapped, 2**32 - 1) and visible(wrapped, 3)
+    assert not visible(wrapped, 1) and not visible(wrapped, 5) and not visible(wrapped, 6)

@@ -1,0 +1,84 @@
+"""The writer with a transaction in parts (docs/assembler.md "Parts"): each sink sees one
+``begin`` (the first part), the events of every part with ``seq`` going on, one ``commit``
+(the last part, with the end LSN); parts are released on their own and count in the limits."""
+
+from __future__ import annotations
+
+import asyncio
+
+from cdcd.assembler.assembler import Assembler
+from cdcd.assembler.transaction import Transaction
+from cdcd.decoder.events import Begin, Commit, Delete, Insert, TupleData, Update
+from cdcd.pipeline.progress import ProgressTracker
+from cdcd.pipeline.writer import Writer
+from cdcd.sinks.memory import MemorySink
+from cdcd.sinks.null import NullSink
+from cdcd.stats import Stats
+from tests.unit.sink_fixtures import CONTEXT, encoder
+from tests.unit.test_assembler import OID_A, relation
+
+
+def parts_of_one_transaction(rows: int) -> list[Transaction]:
+    """A transaction of inserts, an update changing a key (two events) and a delete, released
+    by the assembler in parts of ~4 KiB."""
+    asm = Assembler(part_bytes=4096)
+    lsn = 0x1000
+    out: list[Transaction] = []
+    msgs = [relation(OID_A), Begin(0x900000, 111, 7)]
+    msgs += [Insert(None, OID_A, TupleData(b"tt", (b"%d" % i, b"x" * 20))) for i in range(rows)]
+    old = TupleData(b"tn", (b"0", None))
+    msgs += [
+        Update(None, OID_A, "K", old, TupleData(b"tt", (b"new", b"y"))),
+        Delete(None, OID_A, "K", TupleData(b"tn", (b"1", None))),
+        Commit(0, 0x900000, 0x900008, 222),
+    ]
+    for msg in msgs:
+        lsn += 8
+        txn = asm.feed(msg, lsn)
+        if txn is not None:
+            out.append(txn)
+    return out
+
+
+async def write_all(sinks: list, parts: list[Transaction], **limits: int) -> Writer:  # type: ignore[type-arg]
+    tracker = ProgressTracker(len(sinks))
+    writer = Writer(
+        sinks,
+        encoder(),
+        tracker,
+        Stats(),
+        memory_limit=limits.get("memory_limit", 1 << 30),
+        max_transactions=limits.get("max_transactions", 64),
+    )
+    for sink in sinks:
+        await sink.start()
+    running = asyncio.create_task(writer.run())
+    for part in parts:
+        await writer.put(part)
+    writer.close()
+    await asyncio.wait_for(running, 30)
+    return writer
+
+
+async def test_one_begin_and_commit_seq_going_on() -> None:
+    parts = parts_of_one_transaction(60)
+    assert len(parts) > 3 and parts[-1].ends and parts[0].begins
+    sink = MemorySink(MemorySink.Config(), CONTEXT)
+    writer = await write_all([sink], parts)
+    events = 60 + 2 + 1  # the key-changing update is a delete and a create
+    assert sink.positions() == [(0x900000, seq) for seq in range(events)]
+    assert sink.transactions == [(7, 0x900000, 0x900008, events)]  # one commit, with its end
+    assert [v["op"] for v in sink.values[-4:]] == ["c", "d", "c", "d"]
+    dco = [v["transaction"]["data_collection_order"] for v in sink.values]
+    assert dco == list(range(1, events + 1))  # per table, going on across parts
+    assert writer.queued_transactions == 0  # every part released
+    assert all(part._records is None for part in parts)
+
+
+async def test_parts_pass_a_queue_of_one() -> None:
+    """``buffer.queue_transactions: 1``: each part waits for the one before it."""
+    parts = parts_of_one_transaction(60)
+    memory, null = MemorySink(MemorySink.Config(), CONTEXT), NullSink(NullSink.Config(), CONTEXT)
+    await write_all([memory, null], parts, max_transactions=1, memory_limit=1)
+    assert len(memory.positions()) == 63 and null.stats() == {"events": 63, "transactions": 1}
+    assert memory.durable_lsn() == null.durable_lsn() == 0x900008
