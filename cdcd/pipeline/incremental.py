@@ -64,6 +64,19 @@ from cdcd.stats import Stats, TableSnapshot
 log = structlog.get_logger("cdcd.snapshot")
 
 
+#: what reading a chunk of a table altered meanwhile may raise
+_ALTERED = (
+    asyncpg.UndefinedTableError,
+    asyncpg.UndefinedColumnError,
+    asyncpg.UndefinedFunctionError,
+    asyncpg.DataError,
+)
+
+
+class _KeyChanged(Exception):
+    """A chunk found the table's primary key changed (its columns or their types)."""
+
+
 #: what a lost connection raises (the server restarting, a cut connection): retried
 _CONNECTION_LOST = (
     OSError,
@@ -390,7 +403,18 @@ class IncrementalSnapshot:
                 )
                 for task in finished_tasks:
                     done, start = inflight.pop(task)
-                    read = task.result()
+                    try:
+                        read = task.result()
+                    except _KeyChanged as exc:
+                        log.warning(
+                            "primary key changed during the table's snapshot; it starts over",
+                            table=name,
+                            key=[" ".join(k) for k in exc.args[0]],
+                            now=[" ".join(k) for k in exc.args[1]],
+                        )
+                        self.request([name])
+                        ended = True
+                        continue
                     if read is None:  # the table went away
                         self._removed(name, entry)
                         ended = True
@@ -472,14 +496,21 @@ class IncrementalSnapshot:
             try:
                 await _watermark(conn, chunk.id, "low")
                 try:
-                    rows, snapshot = await read_key_chunk(
+                    rows, snapshot, altered = await read_key_chunk(
                         conn, table, keys, after, self.config.snapshot.chunk_rows, upto
                     )
-                except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+                except _ALTERED as exc:  # the key's type too: the last key may not fit it
                     log.info("table changed during its snapshot", table=name, error=str(exc))
+                    altered = True
+                if altered:  # a column added, dropped, of another type: describe, read again
                     latest = await self._describe(conn, name)
                     if latest is None:
                         return None
+                    now_keys = [
+                        (str(r[0]), str(r[1])) for r in await primary_key(conn, latest.relation.oid)
+                    ]
+                    if now_keys != keys:  # another order: the keys already read mean nothing
+                        raise _KeyChanged(keys, now_keys)
                     current[0] = latest
                     continue
                 chunk.snapshot = parse_snapshot(snapshot)

@@ -365,10 +365,12 @@ async def read_key_chunk(
     after: list[str] | None,
     limit: int,
     upto: list[str] | None = None,
-) -> tuple[list[TupleData], str]:
+) -> tuple[list[TupleData], str, bool]:
     """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (README "Initial
-    snapshot": faster than a SELECT), and the snapshot it was read at (``pg_current_snapshot()``:
-    the watermarks drop rows of transactions it does not see, :mod:`cdcd.pipeline.watermarks`)."""
+    snapshot": faster than a SELECT), the snapshot it was read at (``pg_current_snapshot()``:
+    the watermarks drop rows of transactions it does not see, :mod:`cdcd.pipeline.watermarks`),
+    and whether ``table``'s columns are no longer all there as described (an ALTER TABLE since it was
+    described: read in the same transaction, whose lock keeps an ALTER from coming between)."""
     rows: list[TupleData] = []
 
     async def take(batch: list[TupleData], _size: int) -> None:
@@ -378,7 +380,20 @@ async def read_key_chunk(
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         snapshot = await conn.fetchval("SELECT pg_current_snapshot()::text")
         await copy_query(conn, sql, len(table.relation.columns), take, limit)
-    return rows, str(snapshot)
+        shape = list(await conn.fetchval(_SHAPE_SQL, table.relation.oid))
+    # a subset: a publication's column list may leave columns out
+    return rows, str(snapshot), not set(relation_shape(table.relation)) <= set(shape)
+
+
+_SHAPE_SQL = """
+SELECT coalesce(array_agg(format('%s %s %s', attname, atttypid, atttypmod) ORDER BY attnum), '{}')
+FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
+"""
+
+
+def relation_shape(relation: Relation) -> list[str]:
+    """``name type typmod`` per column of ``relation``, as :data:`_SHAPE_SQL` gives them."""
+    return [f"{c.name} {c.type_oid} {c.typmod}" for c in relation.columns]
 
 
 async def key_problem(conn: Any, table: SnapshotTable, keys: list[tuple[str, str]]) -> str | None:
