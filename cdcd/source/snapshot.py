@@ -377,7 +377,13 @@ async def read_key_chunk(
         rows.extend(batch)
 
     sql = chunk_sql(table, keys, after, limit, upto)
+    rel = table.relation
     async with conn.transaction(isolation="repeatable_read", readonly=True):
+        # the lock first, then the snapshot: a table rewrite (ALTER COLUMN TYPE) committed
+        # while the lock waited would otherwise look empty to an older snapshot
+        await conn.execute(
+            f"LOCK TABLE {quote_ident(rel.namespace)}.{quote_ident(rel.name)} IN ACCESS SHARE MODE"
+        )
         snapshot = await conn.fetchval("SELECT pg_current_snapshot()::text")
         await copy_query(conn, sql, len(table.relation.columns), take, limit)
         shape = list(await conn.fetchval(_SHAPE_SQL, table.relation.oid))

@@ -161,7 +161,7 @@ def test_a_table_removed_from_the_publication_and_added_back(
 
 def test_column_types_changed_during_the_snapshot(pg_db: PgDatabase, tmp_path: Path) -> None:
     _table(pg_db)
-    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=20, chunks_in_flight=1)
+    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=50, chunks_in_flight=1)
     LOG[:] = [tmp_path / "cdcd.log"]
     proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
     try:
