@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         "again, in chunks, while it streams. 'status': the progress recorded in "
         "snapshot.state_dir.",
         epilog="examples:\n  cdcd snapshot --config cdcd.yaml --table public.orders\n"
-        "  cdcd snapshot status --config cdcd.yaml",
+        "  cdcd snapshot --config cdcd.yaml --table public.orders --no-follow\n"
+        "  cdcd snapshot status --config cdcd.yaml [--follow]",
     )
     snapshot.add_argument("action", nargs="?", choices=("status",), help="show progress")
     snapshot.add_argument(
@@ -156,6 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SCHEMA.TABLE",
         help="a published table with a primary key (repeatable)",
+    )
+    snapshot.add_argument(
+        "--follow",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="after the request (or with 'status'), show progress until the snapshots end: "
+        "rows done / estimated, rate, ETA; a progress bar on a terminal, plain lines otherwise "
+        "(default: on when the output is a terminal, for a request)",
     )
     _add_config_option(snapshot)
     snapshot.set_defaults(handler=_cmd_snapshot)
@@ -249,8 +258,9 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
         from cdcd import snapshot_command
 
         if args.action == "status":
-            return snapshot_command.status(config)
-        return snapshot_command.request(config, args.table)
+            return snapshot_command.status(config, follow=bool(args.follow))
+        follow = sys.stdout.isatty() if args.follow is None else args.follow
+        return snapshot_command.request(config, args.table, follow=follow)
 
     return _with_config(args, snapshot)
 

@@ -2,8 +2,9 @@
 
 They are: the directories each sink says it writes into (``Sink.directories``: the file sink's
 output folder),
-``buffer.spill_dir`` (large transactions spill there) and, unless ``snapshot.mode`` is
-``never``, ``snapshot.state_dir``. A directory that exists must accept a new file (a real
+``buffer.spill_dir`` (large transactions spill there) and ``snapshot.state_dir``, in every
+``snapshot.mode``: ``never`` too, since a ``cdcd snapshot --table`` request (a signal in the
+stream, README "Incremental snapshots") is recorded there when the daemon takes it. A directory that exists must accept a new file (a real
 probe file is created and removed, so read-only mounts, ACLs and ownership all count); one that
 does not exist yet must be creatable, i.e. its nearest existing ancestor is a writable
 directory. Failing that, ``run`` would stop later with an I/O error in the middle of streaming;
@@ -34,8 +35,8 @@ def written_dirs(config: Config) -> list[WrittenDir]:
         for name, path in spec.sink_class.directories(spec.config).items():
             found.append(WrittenDir(f"sinks[{index}].{name}", path))
     found.append(WrittenDir("buffer.spill_dir", config.buffer.spill_dir))
-    if config.snapshot.mode != "never":
-        found.append(WrittenDir("snapshot.state_dir", config.snapshot.state_dir))
+    # every mode: on-demand snapshots (and snapshot.new_tables) record their progress there
+    found.append(WrittenDir("snapshot.state_dir", config.snapshot.state_dir))
     return found
 
 

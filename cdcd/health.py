@@ -28,7 +28,8 @@ WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
 def _snapshot_metrics(s: Stats) -> Iterator[Any]:
-    """Per table of an incremental snapshot: rows emitted, estimated, dropped; running."""
+    """Per table of an incremental snapshot: rows emitted, estimated, dropped; running; bytes,
+    rate and ETA."""
     families: dict[str, Any] = {
         "rows": CounterMetricFamily(
             "cdcd_snapshot_rows", "rows emitted by incremental snapshots", labels=["table"]
@@ -46,12 +47,33 @@ def _snapshot_metrics(s: Stats) -> Iterator[Any]:
         "running": GaugeMetricFamily(
             "cdcd_snapshot_running", "1 while the table's snapshot runs", labels=["table"]
         ),
+        "bytes": CounterMetricFamily(
+            "cdcd_snapshot_bytes",
+            "bytes of the rows read by incremental snapshots (the text form of their values)",
+            labels=["table"],
+        ),
+        "rate": GaugeMetricFamily(
+            "cdcd_snapshot_rows_per_second",
+            "rows emitted per second over the last 30 s of the table's snapshot",
+            labels=["table"],
+        ),
+        "eta": GaugeMetricFamily(
+            "cdcd_snapshot_eta_seconds",
+            "seconds until the estimate at that rate (absent while unknown)",
+            labels=["table"],
+        ),
     }
     for table, t in sorted(s.snapshots.items()):
         families["rows"].add_metric([table], t.rows)
         families["estimate"].add_metric([table], t.estimate)
         families["dropped"].add_metric([table], t.dropped)
         families["running"].add_metric([table], 1 if t.status == "running" else 0)
+        families["bytes"].add_metric([table], t.bytes)
+        running = t.status == "running"
+        families["rate"].add_metric([table], (t.meter.rate or 0.0) if running else 0.0)
+        eta = t.eta() if running else 0.0
+        if eta is not None:
+            families["eta"].add_metric([table], eta)
     yield from families.values()
 
 

@@ -13,18 +13,27 @@ import json
 import sys
 from typing import TextIO
 
+from cdcd import snapshot_follow
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
+from cdcd.lsn import parse_lsn
 from cdcd.pipeline.incremental import NO_KEY, IncrementalState
 from cdcd.pipeline.watermarks import SIGNAL
+from cdcd.progress_rate import duration
 from cdcd.source import conn_params, open_sql
 from cdcd.source.queries import emit_message
-from cdcd.source.snapshot import primary_key, published_tables
+from cdcd.source.snapshot import key_problem, primary_key, published_tables
+
+
+def qualified(tables: list[str]) -> list[str]:
+    """``schema.table`` names (``public`` when none is given)."""
+    return [t if "." in t else f"public.{t}" for t in tables]
 
 
 async def request_async(config: Config, tables: list[str], out: TextIO = sys.stdout) -> int:
-    """Check every table (published, with a key), then write the signal."""
-    names = [t if "." in t else f"public.{t}" for t in tables]
+    """Check every table (published, with a key it can page through), then write the signal;
+    returns the signal's LSN."""
+    names = qualified(tables)
     if not config.source.messages:
         raise DefiniteSourceError(
             "cdcd snapshot --table: source.messages is off, so the daemon would never see the "
@@ -43,40 +52,65 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
                     f"--table {name}: not in publication {config.source.publication!r} "
                     "(add it: ALTER PUBLICATION ... ADD TABLE)"
                 )
-            if not await primary_key(conn, table.relation.oid):
+            key = await primary_key(conn, table.relation.oid)
+            if not key:
                 raise DefiniteSourceError(f"--table {name}: not snapshotted: {NO_KEY}")
+            problem = await key_problem(conn, table, [(str(k[0]), str(k[1])) for k in key])
+            if problem is not None:
+                raise DefiniteSourceError(f"--table {name}: {problem}")
         lsn = await emit_message(
             conn, SIGNAL, json.dumps({"tables": names}), "cdcd snapshot --table"
         )
     finally:
         await conn.close()
     out.write(f"requested a snapshot of {', '.join(names)} (signal at {lsn})\n")
-    return EXIT_OK
+    out.flush()
+    return parse_lsn(lsn)
 
 
-def status(config: Config, out: TextIO = sys.stdout) -> int:
-    """Per table: status, rows durable in every sink / estimated rows, last key."""
+def status(config: Config, out: TextIO = sys.stdout, follow: bool = False) -> int:
+    """Per table: status, rows durable in every sink / estimated rows, percent, bytes read,
+    and while running the last rate and the ETA at it; with ``follow``, then the progress of
+    those running until they end."""
+    from tqdm import tqdm
+
+    if follow:
+        return snapshot_follow.follow(config, None, out=out)
     state = IncrementalState(config.snapshot.state_dir, config.source.slot)
     if not state.tables:
         out.write(f"no incremental snapshot recorded in {state.path}\n")
         return EXIT_OK
     width = max(len(name) for name in state.tables)
-    out.write(f"{'table':<{width}}  {'status':<8}  {'rows':>10}  {'estimate':>10}  done\n")
+    out.write(
+        f"{'table':<{width}}  {'status':<8}  {'rows':>10}  {'estimate':>10}  {'done':>5}  "
+        f"{'bytes':>7}  {'rows/s':>8}  ETA\n"
+    )
     for name, t in state.tables.items():
-        estimate = t.get("estimate") or 0
+        estimate = int(t.get("estimate") or 0)
         rows = int(t.get("rows") or 0)
         if t["status"] == "done":
             pct = "100%"
         else:
             pct = f"{min(99.9, 100 * rows / estimate):.1f}%" if estimate else "-"
-        out.write(f"{name:<{width}}  {t['status']:<8}  {rows:>10}  {estimate:>10}  {pct}\n")
+        size = tqdm.format_sizeof(int(t.get("bytes") or 0), "B", 1024)
+        rate = t.get("rows_per_s") if t["status"] == "running" else None
+        eta = (estimate - rows) / rate if rate and estimate > rows else None
+        speed = "-" if rate is None else f"{rate:,}"
+        out.write(
+            f"{name:<{width}}  {t['status']:<8}  {rows:>10}  {estimate:>10}  {pct:>5}  "
+            f"{size:>7}  {speed:>8}  {duration(eta) if rate else '-'}\n"
+        )
     return EXIT_OK
 
 
-def request(config: Config, tables: list[str]) -> int:
+def request(config: Config, tables: list[str], follow: bool = False) -> int:
+    """Request the snapshot; with ``follow``, then show its progress until it ends."""
     from cdcd.runtime import run_async
 
     if not tables:
         print("cdcd snapshot: name at least one --table schema.table", file=sys.stderr)
         return EXIT_USAGE
-    return int(run_async(request_async(config, tables)))
+    lsn = int(run_async(request_async(config, tables)))
+    if not follow:
+        return EXIT_OK
+    return snapshot_follow.follow(config, qualified(tables), after_signal=lsn)

@@ -11,6 +11,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from cdcd.lsn import pg_to_unix_us
+from cdcd.progress_rate import RateMeter
 
 #: upper bounds (seconds) of the sink latency histograms
 WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
@@ -56,13 +57,20 @@ class SinkStats:
 @dataclass
 class TableSnapshot:
     """Per table of an incremental snapshot: rows emitted (``r``), the estimate
-    (``pg_class.reltuples``), rows dropped because the stream changed them in their window."""
+    (``pg_class.reltuples``), rows dropped because the stream changed them in their window,
+    bytes read (the text form of the chunks' values), and the rate over recent chunks."""
 
     status: str = "pending"
     rows: int = 0
     estimate: int = 0
     dropped: int = 0
     chunks: int = 0
+    bytes: int = 0
+    meter: RateMeter = field(default_factory=RateMeter)
+
+    def eta(self) -> float | None:
+        """Seconds left at the current rate (None: unknown)."""
+        return self.meter.eta(self.rows, self.estimate)
 
 
 @dataclass

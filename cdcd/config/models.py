@@ -227,7 +227,7 @@ class SnapshotConfig(_Model):
     chunk_rows: int = Field(default=2048, ge=1)
     #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a
     #: crash may emit again; throughput is at most this many chunks per sink flush interval
-    chunks_in_flight: int = Field(default=32, ge=1)
+    chunks_in_flight: int = Field(default=4, ge=1)
     #: tables added to the publication while cdcd runs are snapshotted incrementally
     new_tables: bool = True
 

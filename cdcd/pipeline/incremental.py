@@ -26,6 +26,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -51,6 +52,7 @@ from cdcd.source.queries import emit_message
 from cdcd.source.snapshot import (
     SnapshotTable,
     incremental_state_path,
+    key_problem,
     next_bound,
     primary_key,
     published_tables,
@@ -60,6 +62,19 @@ from cdcd.source.snapshot import (
 from cdcd.stats import Stats, TableSnapshot
 
 log = structlog.get_logger("cdcd.snapshot")
+
+
+#: what reading a chunk of a table altered meanwhile may raise
+_ALTERED = (
+    asyncpg.UndefinedTableError,
+    asyncpg.UndefinedColumnError,
+    asyncpg.UndefinedFunctionError,
+    asyncpg.DataError,
+)
+
+
+class _KeyChanged(Exception):
+    """A chunk found the table's primary key changed (its columns or their types)."""
 
 
 #: what a lost connection raises (the server restarting, a cut connection): retried
@@ -77,18 +92,18 @@ _LOG_EVERY = 5.0
 _POLL_SECONDS = 2.0
 
 
-def _log_progress(name: str, progress: TableSnapshot, rows: int, seconds: float) -> None:
-    """Rows done / estimated, rate and ETA of one table's snapshot."""
-    rate = rows / seconds if seconds > 0 else 0.0
-    left = max(progress.estimate - progress.rows, 0)
+def _log_progress(name: str, progress: TableSnapshot) -> None:
+    """Rows done / estimated, bytes, rate and ETA of one table's snapshot."""
+    rate, eta = progress.meter.rate, progress.eta()
     log.info(
         "incremental snapshot progress",
         table=name,
         rows=progress.rows,
         estimate=progress.estimate,
         percent=round(100 * progress.rows / progress.estimate, 1) if progress.estimate else None,
-        rows_per_s=round(rate),
-        eta_s=round(left / rate) if rate else None,
+        bytes=progress.bytes,
+        rows_per_s=None if rate is None else round(rate),
+        eta_s=None if eta is None else round(eta),
     )
 
 
@@ -158,6 +173,7 @@ class _Done:
     last_key: list[str | None] | None
     rows: int
     finished: bool
+    bytes: int = 0
 
 
 class IncrementalSnapshot:
@@ -169,8 +185,10 @@ class IncrementalSnapshot:
         source: Any,
         tracker: ProgressTracker,
         stats: Stats,
+        flush: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
+        self._flush = flush  # ask the sinks to flush now (the writer's request_flush)
         self.source = source
         self.tracker = tracker
         self.stats = stats
@@ -283,6 +301,10 @@ class IncrementalSnapshot:
                 continue  # requested again meanwhile: starts over
             entry["last_key"] = item.last_key
             entry["rows"] = item.rows
+            entry["bytes"] = item.bytes
+            progress = self.stats.snapshots.get(item.table)
+            rate = progress.meter.rate if progress is not None else None
+            entry["rows_per_s"] = None if rate is None else round(rate)  # for cdcd snapshot status
             if item.finished:
                 entry["status"] = "done"
         del self._undurable[:done]
@@ -305,10 +327,11 @@ class IncrementalSnapshot:
             if key_cols
             else NO_KEY
         )
+        keys = [(str(r[0]), str(r[1])) for r in key_cols]
+        if problem is None:
+            problem = await key_problem(conn, table, keys)
         if problem is not None:
-            log.error(f"table not snapshotted: {problem}", table=name)
-            entry["status"] = "skipped"
-            self.state.save()
+            self._skipped(name, entry, problem)
             return
         estimate = await row_estimate(conn, table.relation.oid)
         if entry["status"] == "pending":
@@ -318,7 +341,6 @@ class IncrementalSnapshot:
         key_names = tuple(str(r[0]) for r in key_cols)
         rows_done = int(entry["rows"])
         last_key = entry["last_key"]
-        keys = [(str(r[0]), str(r[1])) for r in key_cols]
         log.info(
             "incremental snapshot of table",
             table=name,
@@ -326,10 +348,11 @@ class IncrementalSnapshot:
             resumed_after=last_key,
         )
         progress = self.stats.snapshots[name] = TableSnapshot(
-            "running", rows_done, int(entry["estimate"] or 0)
+            "running", rows_done, int(entry["estimate"] or 0), bytes=int(entry.get("bytes") or 0)
         )
         cfg = self.config.snapshot
         started = last_log = described = time.monotonic()
+        progress.meter.add(started, rows_done)
         current = [table]  # as last described; a chunk that finds it changed describes it again
         lo = last_key  # the next chunk starts after this key
         tail = False  # a chunk without an upper key is in flight: the next start comes from it
@@ -342,6 +365,8 @@ class IncrementalSnapshot:
             while self.state.tables.get(name) is entry and not (ended and not inflight):
                 self.record_durable()
                 # bounded: what a crash makes emit again (chunks not recorded yet) stays small
+                if len(self._undurable) >= cfg.chunks_in_flight:
+                    self._flush()  # rather than wait for the sinks' flush_interval
                 if not ended and not tail and pool and len(self._undurable) < cfg.chunks_in_flight:
                     if time.monotonic() - described >= _POLL_SECONDS and not inflight:
                         described = time.monotonic()
@@ -378,7 +403,18 @@ class IncrementalSnapshot:
                 )
                 for task in finished_tasks:
                     done, start = inflight.pop(task)
-                    read = task.result()
+                    try:
+                        read = task.result()
+                    except _KeyChanged as exc:
+                        log.warning(
+                            "primary key changed during the table's snapshot; it starts over",
+                            table=name,
+                            key=[" ".join(k) for k in exc.args[0]],
+                            now=[" ".join(k) for k in exc.args[1]],
+                        )
+                        self.request([name])
+                        ended = True
+                        continue
                     if read is None:  # the table went away
                         self._removed(name, entry)
                         ended = True
@@ -395,6 +431,9 @@ class IncrementalSnapshot:
                     progress.rows = rows_done
                     progress.dropped += result.dropped
                     progress.chunks += 1
+                    progress.bytes += sum(len(v) for row in rows for v in row.values if v)
+                    progress.meter.add(time.monotonic(), rows_done)
+                    done.bytes = progress.bytes
                     if result.end_lsn:
                         log.debug(
                             "chunk queued",
@@ -405,9 +444,7 @@ class IncrementalSnapshot:
                         )
                 if time.monotonic() - last_log >= _LOG_EVERY:
                     last_log = time.monotonic()
-                    _log_progress(
-                        name, progress, rows_done - int(entry["rows"]), last_log - started
-                    )
+                    _log_progress(name, progress)
         except BaseException:
             for task in inflight:  # a worker failed, or cdcd stops
                 task.cancel()
@@ -425,6 +462,9 @@ class IncrementalSnapshot:
         while self._undurable:
             await asyncio.sleep(0.1)
             self.record_durable()
+        if entry["status"] != "done":  # removed, or started over
+            progress.status = entry["status"] if entry["status"] != "running" else "pending"
+            return
         progress.status = "done"
         log.info(
             "incremental snapshot of table done",
@@ -432,6 +472,7 @@ class IncrementalSnapshot:
             chunks=progress.chunks,
             table=name,
             rows=rows_done,
+            bytes=progress.bytes,
             seconds=round(time.monotonic() - started, 3),
         )
 
@@ -455,14 +496,21 @@ class IncrementalSnapshot:
             try:
                 await _watermark(conn, chunk.id, "low")
                 try:
-                    rows, snapshot = await read_key_chunk(
+                    rows, snapshot, altered = await read_key_chunk(
                         conn, table, keys, after, self.config.snapshot.chunk_rows, upto
                     )
-                except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+                except _ALTERED as exc:  # the key's type too: the last key may not fit it
                     log.info("table changed during its snapshot", table=name, error=str(exc))
+                    altered = True
+                if altered:  # a column added, dropped, of another type: describe, read again
                     latest = await self._describe(conn, name)
                     if latest is None:
                         return None
+                    now_keys = [
+                        (str(r[0]), str(r[1])) for r in await primary_key(conn, latest.relation.oid)
+                    ]
+                    if now_keys != keys:  # another order: the keys already read mean nothing
+                        raise _KeyChanged(keys, now_keys)
                     current[0] = latest
                     continue
                 chunk.snapshot = parse_snapshot(snapshot)
@@ -486,6 +534,11 @@ class IncrementalSnapshot:
         found = await published_tables(conn, self.config.source.publication, (schema, table))
         return found[0] if found else None
 
+    def _skipped(self, name: str, entry: dict[str, Any], problem: str) -> None:
+        log.error(f"table not snapshotted: {problem}", table=name)
+        entry["status"] = "skipped"
+        self.state.save()
+
     def _removed(self, name: str, entry: dict[str, Any]) -> None:
         log.warning(
             "table dropped or removed from the publication during its snapshot; its snapshot "
@@ -493,6 +546,8 @@ class IncrementalSnapshot:
             table=name,
         )
         entry["status"] = "removed"
+        if self.state.known and name in self.state.known:
+            self.state.known.remove(name)  # published again later: backfilled as new
         self.state.save()
 
 

@@ -116,7 +116,9 @@ class Pipeline:
             if cfg.snapshot.mode == "initial_only":
                 log.info("snapshot.mode is initial_only: done")
                 return EXIT_OK
-            self.incremental = IncrementalSnapshot(cfg, source, tracker, self.stats)
+            self.incremental = IncrementalSnapshot(
+                cfg, source, tracker, self.stats, flush=writer.request_flush
+            )
             self.reader = reader = Reader(
                 cfg,
                 assembler,

@@ -170,6 +170,7 @@ class Writer:
             stats.sinks[:] = [SinkStats(sink.type_name) for sink in sinks]
         # a first flush is due flush_interval after the start, not at once
         self._last_flush = [time.monotonic()] * len(sinks)
+        self._flush_wanted = [False] * len(sinks)  # request_flush: flush at the next chance
         for sink in sinks:  # the sinks' own buffers: half the limit, shared out
             sink.memory_budget = memory_limit // (2 * len(sinks))
         # no sink wants events (the null sink alone): hand over decoded changes, build no events
@@ -231,6 +232,14 @@ class Writer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def request_flush(self) -> None:
+        """Flush every sink holding something not durable at its next commit or idle moment,
+        without waiting for ``flush_interval`` (the incremental snapshot asks, with its chunks
+        in flight at their bound, so that recording its progress does not wait a whole
+        interval)."""
+        self._flush_wanted = [True] * len(self.sinks)
+        self._progress.set()
 
     async def flush_all(self) -> None:
         """Make everything handed over durable in every sink."""
@@ -396,6 +405,10 @@ class Writer:
             self._tracker.durable(i, self.sinks[i].durable_lsn())
             if not self._tracker.pending(i):
                 return
+        if self._flush_wanted[i]:
+            self._flush_wanted[i] = False
+            await self._flush(i)
+            return
         sink = self.sinks[i]
         if not quiet and sink.flushes_itself:
             return

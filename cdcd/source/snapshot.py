@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
 from cdcd.source.copy import copy_query
 from cdcd.wire.frontend import quote_ident, quote_literal
@@ -363,17 +365,62 @@ async def read_key_chunk(
     after: list[str] | None,
     limit: int,
     upto: list[str] | None = None,
-) -> tuple[list[TupleData], str]:
+) -> tuple[list[TupleData], str, bool]:
     """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (README "Initial
-    snapshot": faster than a SELECT), and the snapshot it was read at (``pg_current_snapshot()``:
-    the watermarks drop rows of transactions it does not see, :mod:`cdcd.pipeline.watermarks`)."""
+    snapshot": faster than a SELECT), the snapshot it was read at (``pg_current_snapshot()``:
+    the watermarks drop rows of transactions it does not see, :mod:`cdcd.pipeline.watermarks`),
+    and whether ``table``'s columns are no longer all there as described (an ALTER TABLE since it was
+    described: read in the same transaction, whose lock keeps an ALTER from coming between)."""
     rows: list[TupleData] = []
 
     async def take(batch: list[TupleData], _size: int) -> None:
         rows.extend(batch)
 
     sql = chunk_sql(table, keys, after, limit, upto)
+    rel = table.relation
     async with conn.transaction(isolation="repeatable_read", readonly=True):
+        # the lock first, then the snapshot: a table rewrite (ALTER COLUMN TYPE) committed
+        # while the lock waited would otherwise look empty to an older snapshot
+        await conn.execute(
+            f"LOCK TABLE {quote_ident(rel.namespace)}.{quote_ident(rel.name)} IN ACCESS SHARE MODE"
+        )
         snapshot = await conn.fetchval("SELECT pg_current_snapshot()::text")
         await copy_query(conn, sql, len(table.relation.columns), take, limit)
-    return rows, str(snapshot)
+        shape = list(await conn.fetchval(_SHAPE_SQL, table.relation.oid))
+    # a subset: a publication's column list may leave columns out
+    return rows, str(snapshot), not set(relation_shape(table.relation)) <= set(shape)
+
+
+_SHAPE_SQL = """
+SELECT coalesce(array_agg(format('%s %s %s', attname, atttypid, atttypmod) ORDER BY attnum), '{}')
+FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
+"""
+
+
+def relation_shape(relation: Relation) -> list[str]:
+    """``name type typmod`` per column of ``relation``, as :data:`_SHAPE_SQL` gives them."""
+    return [f"{c.name} {c.type_oid} {c.typmod}" for c in relation.columns]
+
+
+async def key_problem(conn: Any, table: SnapshotTable, keys: list[tuple[str, str]]) -> str | None:
+    """Why keyset pagination cannot page through ``table`` by its primary key ``keys``
+    (``(name, type)``), or None. A primary key's index uses its types' default btree operator
+    classes (PostgreSQL refuses any other), so ORDER BY always works; the comparison
+    ``(key) > (last key)`` also needs that class's operators to be named ``<`` and ``>``,
+    which a user-defined class need not do (README "Incremental snapshots")."""
+    rel = table.relation
+    cols = ", ".join(quote_ident(k) for k, _ in keys)
+    nulls = ", ".join(f"NULL::{t}" for _, t in keys)
+    try:
+        await conn.prepare(
+            f"SELECT 1 FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)} "
+            f"WHERE ({cols}) > ({nulls}) ORDER BY {cols} LIMIT 0"
+        )
+    except asyncpg.UndefinedFunctionError as exc:
+        key = ", ".join(f"{k} {t}" for k, t in keys)
+        return (
+            f"its primary key ({key}) cannot be paged through in key order ({exc}): the "
+            "default btree operator class of the key's type must name its operators < and >; "
+            "snapshot the table with snapshot.mode: initial instead"
+        )
+    return None

@@ -127,7 +127,7 @@ def _setup(pg_db: PgDatabase) -> None:
 
 def test_snapshot_alongside_a_workload(pg_db: PgDatabase, tmp_path: Path) -> None:
     _setup(pg_db)
-    cfg = _config(tmp_path, pg_db.dsn, "incremental")
+    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunks_in_flight=1)
     workloads = [Workload(pg_db.dsn, seed=13 + i) for i in range(3)]
     for workload in workloads:
         workload.start()
@@ -326,7 +326,7 @@ def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_p
         f"INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(1, {rows}) g;"
         "CREATE TABLE u (id int PRIMARY KEY); INSERT INTO u VALUES (1), (2)"
     )
-    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=100, chunks_in_flight=2)
+    cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=20, chunks_in_flight=1)
     LOG[:] = [tmp_path / "cdcd.log"]
     proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
     try:
@@ -358,7 +358,7 @@ def test_server_restart_during_the_snapshot(
         "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL);"
         f"INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(1, {rows}) g"
     )
-    cfg = _config(tmp_path, db.dsn, "incremental", chunk_rows=100, chunks_in_flight=2)
+    cfg = _config(tmp_path, db.dsn, "incremental", chunk_rows=20, chunks_in_flight=1)
     LOG[:] = [tmp_path / "cdcd.log"]
     proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
     try:

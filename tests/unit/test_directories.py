@@ -48,8 +48,11 @@ def test_written_dirs_are_the_sink_paths_spill_and_state_dirs(tmp_path: Path) ->
         ("buffer.spill_dir", tmp_path / "cdcd-spill"),
         ("snapshot.state_dir", tmp_path / "cdcd-state"),
     ]
+    # snapshot.mode: never too: a `cdcd snapshot --table` request is recorded there
     never = load_config(config_in(tmp_path, mode="never"))
-    assert "snapshot.state_dir" not in [d.key for d in written_dirs(never)]
+    assert ("snapshot.state_dir", tmp_path / "cdcd-state") in [
+        (d.key, d.path) for d in written_dirs(never)
+    ]
 
 
 def test_write_problem_probes_without_leaving_anything(tmp_path: Path) -> None:
@@ -135,3 +138,20 @@ def test_run_stops_before_connecting_naming_the_key(read_only_config: Path) -> N
     assert "buffer.spill_dir:" in error["event"] and "no write permission on" in error["event"]
     # stopped before any connection attempt (the DSN's port 1 would be retried forever)
     assert [e["event"] for e in events if e is not error] == []
+
+
+def test_check_with_snapshot_mode_never_still_checks_the_state_dir(tmp_path: Path) -> None:
+    """`cdcd snapshot --table` requests are recorded in snapshot.state_dir whatever the mode."""
+    path = config_in(tmp_path, mode="never")
+    state = tmp_path / "cdcd-state"
+    state.mkdir()
+    state.chmod(0o555)
+    try:
+        done = cdcd("check", "--config", str(path))
+    finally:
+        state.chmod(0o755)
+    assert done.returncode == 2, done.stdout + done.stderr
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
+    assert "FAIL" in rows["snapshot.state_dir"], rows
+    assert f"{state} is not writable" in rows["snapshot.state_dir"]
+    assert "FAIL" not in rows["buffer.spill_dir"]

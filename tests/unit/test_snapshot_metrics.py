@@ -21,6 +21,21 @@ def test_progress_per_table_is_exported() -> None:
     assert 'cdcd_snapshot_running{table="public.u"} 0.0' in text
 
 
+def test_bytes_rate_and_eta_per_table() -> None:
+    stats = Stats(name="shop", slot="s")
+    t = stats.snapshots["public.t"] = TableSnapshot("running", rows=1500, estimate=3500)
+    t.bytes = 123_456
+    t.meter.add(10.0, 500)
+    t.meter.add(12.0, 1500)  # 500 rows/s: 2,000 rows left in 4 s
+    stats.snapshots["public.u"] = TableSnapshot("running", rows=10, estimate=100)  # no rate yet
+    text = Health(stats).render("/metrics")[1].decode()
+    assert 'cdcd_snapshot_bytes_total{table="public.t"} 123456.0' in text
+    assert 'cdcd_snapshot_rows_per_second{table="public.t"} 500.0' in text
+    assert 'cdcd_snapshot_eta_seconds{table="public.t"} 4.0' in text
+    assert 'cdcd_snapshot_rows_per_second{table="public.u"} 0.0' in text
+    assert 'cdcd_snapshot_eta_seconds{table="public.u"}' not in text  # unknown: absent
+
+
 def test_progress_on_the_status_page() -> None:
     stats = Stats(name="shop", slot="s")
     stats.snapshots["public.t"] = TableSnapshot("running", rows=1500, estimate=3000, dropped=4)
