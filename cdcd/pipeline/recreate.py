@@ -7,7 +7,9 @@ start are gone for good. A backfill (an incremental snapshot of every published 
 back every row that exists, but not the deletes made in the gap: those rows would stay in every
 consumer's copy. So, before the backfill, each published table gets a *reset*: an ``op: "t"``
 event, ``source.snapshot = "reset"``, that consumers already apply as "forget every row before
-this position" (README "High availability")::
+this position" (README "High availability"). Every published table needs a key the backfill
+can page by (:meth:`cdcd.source.Source.recreate_slot` refuses before touching the slot
+otherwise: a reset table that cannot be refilled would leave consumers without its rows)::
 
     old slot ... lost ▶ new slot at P ▶ reset (t per table at (P - 1, seq)) ▶ changes ≥ P
                                                            and backfill chunks (r) ≥ P
@@ -44,7 +46,7 @@ from cdcd.pipeline.incremental import IncrementalSnapshot
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import Writer
 from cdcd.source.catalog import LiveCatalog
-from cdcd.source.snapshot import RecreateState, primary_key, published_tables
+from cdcd.source.snapshot import RecreateState, published_tables
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.recreate")
@@ -91,7 +93,6 @@ class SlotRecreator:
             await self.catalog.on_relation(rel)
             records.append(ChangeRecord(point - 1, Truncate(None, 0, (rel.oid,)), (rel,)))
         names = [f"{t.relation.namespace}.{t.relation.name}" for t in tables]
-        keyless = [n for t, n in zip(tables, names, strict=True) if not await _has_key(conn, t)]
         # The new slot was created with confirmed_flush_lsn = point: the old slot's positions
         # must not be reported to it (a status update below a slot's position is not refused
         # by every server version). Confirming the point ahead of the reset's durability loses
@@ -131,14 +132,6 @@ class SlotRecreator:
             reset_position=format_lsn(point - 1),
             tables=len(names),
         )
-        if keyless:
-            log.error(
-                "tables without a primary key were reset but cannot be backfilled by an "
-                "incremental snapshot: they hold only the changes made from now on (give them "
-                "a primary key and run 'cdcd snapshot --table', or start over with 'cdcd slot "
-                "drop' and snapshot.mode: initial)",
-                tables=keyless,
-            )
 
     def record_durable(self) -> None:
         """Forget the recreation once its reset is durable in every sink (also called by the
@@ -153,7 +146,3 @@ class SlotRecreator:
         while True:
             self.record_durable()
             await asyncio.sleep(0.2)
-
-
-async def _has_key(conn: Any, table: Any) -> bool:
-    return bool(await primary_key(conn, table.relation.oid))

@@ -32,7 +32,13 @@ from cdcd.lsn import format_lsn
 from cdcd.replication.client import ReplicationClient, SlotExists
 from cdcd.replication.hosts import Role, connect_first
 from cdcd.source import slot as slots
-from cdcd.source.snapshot import RecreateState, SnapshotState, streamed_before
+from cdcd.source.snapshot import (
+    RecreateState,
+    SnapshotState,
+    primary_key,
+    published_tables,
+    streamed_before,
+)
 from cdcd.wire.dsn import ConnParams, parse_dsn
 from cdcd.wire.session import DEFAULT_GUCS
 
@@ -287,6 +293,28 @@ class Source:
             return str(info.invalidation_reason or "wal_removed")
         return None
 
+    async def _refuse_keyless(self, reason: str) -> None:
+        """A table without a key cannot be backfilled by an incremental snapshot, so its reset
+        would leave consumers with an empty table: refuse before anything is touched."""
+        src = self.config.source
+        await self.connect_catalog()
+        conn = self.catalog_conn
+        keyless = [
+            f"{t.relation.namespace}.{t.relation.name}"
+            for t in await published_tables(conn, src.publication)
+            if not await primary_key(conn, t.relation.oid)
+        ]
+        if keyless:
+            raise SlotLostError(
+                f"replication slot {src.slot!r} is lost ({reason}); source.on_slot_lost: recreate "
+                f"cannot backfill {', '.join(keyless)}: without a primary key or a replica "
+                "identity index an incremental snapshot cannot read them, and their reset would "
+                "leave consumers without their rows. Give them a key (or ALTER TABLE ... REPLICA "
+                "IDENTITY USING INDEX), or drop the slot ('cdcd slot drop') and take a new "
+                "initial snapshot",
+                reason=reason,
+            )
+
     async def recreate_slot(self, reason: str) -> int:
         """Replace a lost slot (``source.on_slot_lost: recreate``): drop it if it is still
         there, create a new one (no exported snapshot: the pipeline backfills every table with
@@ -304,6 +332,7 @@ class Source:
                     "or drop the slot ('cdcd slot drop') and take a new initial snapshot",
                     reason=reason,
                 )
+            await self._refuse_keyless(reason)
             RecreateState(self.config.snapshot.state_dir, src.slot).start(reason)
             log.warning(
                 "replication slot lost; source.on_slot_lost is recreate: replacing it, then "

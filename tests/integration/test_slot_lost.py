@@ -60,7 +60,9 @@ def _cluster(factory: Callable[..., PgCluster]) -> PgCluster:
         "CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL, n int NOT NULL DEFAULT 0);"
         "CREATE TABLE u (k text PRIMARY KEY, w int);"
         "CREATE TABLE filler (id int PRIMARY KEY, pad text);"
-        "CREATE TABLE nokey (v int); INSERT INTO nokey VALUES (1);"
+        # no primary key: keyed for the backfill by its replica identity index
+        "CREATE TABLE nokey (v int NOT NULL); CREATE UNIQUE INDEX nokey_v ON nokey (v);"
+        "ALTER TABLE nokey REPLICA IDENTITY USING INDEX nokey_v; INSERT INTO nokey VALUES (1);"
         "INSERT INTO t SELECT g, 'seed', 0 FROM generate_series(1, 300) g;"
         "INSERT INTO u SELECT 'k' || g, g FROM generate_series(1, 40) g",
         DB,
@@ -221,8 +223,9 @@ def test_recreate_after_loss_while_stopped(
     _assert_equal(out, cluster, resets=1)
     recreated = [e for e in _log_lines(log) if e.get("event") == "replication slot recreated"]
     assert recreated and recreated[0]["reason"] == "wal_removed", recreated
-    keyless = [e for e in _log_lines(log) if "tables without a primary key" in e.get("event", "")]
-    assert keyless and keyless[0]["tables"] == ["public.nokey"], keyless
+    nokey = checked_events(out, "public.nokey")  # reset, then backfilled by its index
+    assert [e["op"] for e in nokey if e["op"] == "t"] == ["t"], nokey
+    assert comparable(apply_events(nokey)) == comparable([{"v": 1}]), nokey
     assert not (tmp_path / "cdcd-state" / f"{SLOT}.recreate.json").exists()
     assert _wal_status(cluster) != "lost"
 
@@ -273,19 +276,40 @@ def test_recreate_after_loss_while_connected(
     _assert_equal(tmp_path / "out", cluster, resets=1)
 
 
-def test_fail_on_invalidated_slot(
-    tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster]
-) -> None:
-    cluster = _cluster(pg_cluster_factory)
-    cfg = _config(tmp_path, cluster, "fail")
+def _exit_3_after_loss(tmp_path: Path, cluster: PgCluster, policy: str) -> str:
+    """Stream once, invalidate the slot, start again with ``policy``: exit 3; its output."""
+    cfg = _config(tmp_path, cluster, policy)
     end = cluster.fetchval("SELECT pg_current_wal_lsn()::text")
     run_cdcd("run", "--config", str(cfg), "--endpos", end)
     _invalidate(cluster)
     proc = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 3, text
+    return text
+
+
+def test_fail_on_invalidated_slot(
+    tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster]
+) -> None:
+    cluster = _cluster(pg_cluster_factory)
+    text = _exit_3_after_loss(tmp_path, cluster, "fail")
     assert "invalidated (wal_removed)" in text, text
     assert "source.on_slot_lost: recreate" in text, text
+    assert not any(e["op"] == "t" for e in checked_events(tmp_path / "out", "public.t"))
+
+
+def test_recreate_refused_for_a_table_without_a_key(
+    tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster]
+) -> None:
+    """A published table with neither a primary key nor a replica identity index cannot be
+    backfilled: ``recreate`` stops with exit 3 naming it, before the slot is touched, and no
+    reset reaches the sinks."""
+    cluster = _cluster(pg_cluster_factory)
+    cluster.execute("CREATE TABLE bare (v int); INSERT INTO bare VALUES (1)", DB)
+    text = _exit_3_after_loss(tmp_path, cluster, "recreate")
+    assert "cannot backfill public.bare" in text and "REPLICA IDENTITY USING INDEX" in text, text
+    assert _wal_status(cluster) == "lost"  # the old slot is still there, untouched
+    assert not (tmp_path / "cdcd-state" / f"{SLOT}.recreate.json").exists()
     assert not any(e["op"] == "t" for e in checked_events(tmp_path / "out", "public.t"))
 
 
