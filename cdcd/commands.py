@@ -20,7 +20,7 @@ from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication.client import SlotExists
 from cdcd.source import queries
 from cdcd.source import slot as slots
-from cdcd.source.snapshot import SnapshotState, incremental_state_path
+from cdcd.source.snapshot import SnapshotState, incremental_state_path, slot_record_path
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -375,6 +375,7 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
             # cdcd starts over: a new slot and a new snapshot (see Source.prepare)
             SnapshotState(config.snapshot.state_dir, src.slot).path.unlink(missing_ok=True)
             incremental_state_path(config.snapshot.state_dir, src.slot).unlink(missing_ok=True)
+            slot_record_path(config.snapshot.state_dir, src.slot).unlink(missing_ok=True)
             client = await source.replication_client()
             try:
                 await client.drop_slot(src.slot)

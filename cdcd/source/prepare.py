@@ -37,6 +37,7 @@ from cdcd.source.snapshot import (
     SnapshotState,
     primary_key,
     published_tables,
+    record_slot,
     streamed_before,
 )
 from cdcd.wire.dsn import ConnParams, parse_dsn
@@ -263,6 +264,7 @@ class Source:
             self._check_slot(info)
             if plan is None:
                 await self._ensure_failover(info)
+                record_slot(self.config.snapshot.state_dir, src.slot, info.confirmed_flush_lsn or 0)
         await self._warn_unprotected()
         return plan
 

@@ -117,14 +117,37 @@ def incremental_state_path(state_dir: Path, slot: str) -> Path:
     return state_dir / f"{slot}.incremental.json"
 
 
+def slot_record_path(state_dir: Path, slot: str) -> Path:
+    """``<state_dir>/<slot>.slot.json``: cdcd streams from ``slot`` (written at every start
+    that streams from it without an initial snapshot in progress; removed by ``cdcd slot
+    drop``), so a slot gone later is known as lost, whatever ``snapshot.mode``."""
+    return state_dir / f"{slot}.slot.json"
+
+
+def record_slot(state_dir: Path, slot: str, position: int) -> None:
+    """Record that cdcd streams from ``slot`` (from ``position`` on); kept once written."""
+    path = slot_record_path(state_dir, slot)
+    if path.exists():
+        return
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"slot": slot, "first_position": position}))
+    os.replace(tmp, path)
+
+
 def streamed_before(state_dir: Path, slot: str) -> Path | None:
-    """The state file that shows cdcd streamed from ``slot`` before (a finished initial
-    snapshot, or the incremental snapshot's state), None when there is none or an initial
-    snapshot is still unfinished (then a new slot is expected)."""
+    """The state file that shows cdcd streamed from ``slot`` before (its slot record, a
+    finished initial snapshot, or the incremental snapshot's state), None when there is none or
+    an initial snapshot is still unfinished (then a new slot is expected)."""
     snapshot = SnapshotState(state_dir, slot)
     if snapshot.running():
         return None
-    for path in (snapshot.path, incremental_state_path(state_dir, slot)):
+    paths = (
+        slot_record_path(state_dir, slot),
+        snapshot.path,
+        incremental_state_path(state_dir, slot),
+    )
+    for path in paths:
         if path.exists():
             return path
     return None

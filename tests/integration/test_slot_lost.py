@@ -365,7 +365,7 @@ def test_dropped_slot(tmp_path: Path, pg_cluster_factory: Callable[..., PgCluste
     failed = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
     text = failed.stdout + failed.stderr
     assert failed.returncode == 3, text
-    assert "no longer exists" in text and f"{SLOT}.incremental.json" in text, text
+    assert "no longer exists" in text and f"{SLOT}.slot.json" in text, text
 
     data = yaml.safe_load(cfg.read_text())
     data["source"]["on_slot_lost"] = "recreate"
@@ -381,6 +381,31 @@ def test_dropped_slot(tmp_path: Path, pg_cluster_factory: Callable[..., PgCluste
     recreated = [e for e in _log_lines(log) if e.get("event") == "replication slot recreated"]
     assert recreated and recreated[0]["reason"] == "missing", recreated
     _assert_equal(tmp_path / "out", cluster, resets=1)
+
+
+def test_dropped_slot_without_snapshots(
+    tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster]
+) -> None:
+    """``snapshot.mode: never`` keeps no snapshot state, yet a slot dropped after cdcd streamed
+    from it is still known as lost (its slot record): exit 3, not a silent new slot; ``cdcd
+    slot drop`` starts over."""
+    cluster = _cluster(pg_cluster_factory)
+    cfg = _config(tmp_path, cluster, "fail", snapshot="never")
+    end = cluster.fetchval("SELECT pg_current_wal_lsn()::text")
+    run_cdcd("run", "--config", str(cfg), "--endpos", end)
+    assert (tmp_path / "cdcd-state" / f"{SLOT}.slot.json").exists()
+    cluster.execute(f"SELECT pg_drop_replication_slot('{SLOT}')", DB)
+    failed = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
+    text = failed.stdout + failed.stderr
+    assert failed.returncode == 3, text
+    assert "no longer exists" in text and f"{SLOT}.slot.json" in text, text
+    assert _wal_status(cluster) is None  # no slot was created
+    run_cdcd("slot", "drop", "--config", str(cfg))
+    assert not (tmp_path / "cdcd-state" / f"{SLOT}.slot.json").exists()
+    end = cluster.fetchval("SELECT pg_current_wal_lsn()::text")
+    run_cdcd("run", "--config", str(cfg), "--endpos", end)  # a new slot, recorded again
+    assert _wal_status(cluster) is not None
+    assert (tmp_path / "cdcd-state" / f"{SLOT}.slot.json").exists()
 
 
 def test_recreate_killed_midway(
