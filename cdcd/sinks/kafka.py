@@ -88,13 +88,11 @@ from cdcd.sinks.kafka_batches import Batch, Batches
 from cdcd.sinks.kafka_client import (
     BuiltBatch,
     KafkaSinkConfig,
-    Record,
-    Where,
     client_kwargs,
     compression_available,
     translate_error,
 )
-from cdcd.sinks.kafka_recordbatch import CODECS, encode_headers, record_size
+from cdcd.sinks.kafka_recordbatch import CODECS, Record, Where, encode_headers, record_size
 
 if TYPE_CHECKING:
     from cdcd.assembler.transaction import Transaction

@@ -26,9 +26,15 @@ import orjson
 from cdcd.errors import SinkError
 from cdcd.events import ChangeEvent
 from cdcd.lsn import pg_to_unix_us
-from cdcd.sinks.kafka_client import Record, Where
 from cdcd.sinks.kafka_partition import partition_for
-from cdcd.sinks.kafka_recordbatch import RecordBatch, encode_headers, header, header_name
+from cdcd.sinks.kafka_recordbatch import (
+    Record,
+    RecordBatch,
+    Where,
+    encode_headers,
+    header,
+    header_name,
+)
 
 RECORD_OVERHEAD: Final = 64  # what a record counts for buffer_bytes beyond its key and value
 

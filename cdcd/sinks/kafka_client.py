@@ -14,15 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.events import SinkContext
 from cdcd.lsn import format_lsn
+from cdcd.sinks.kafka_recordbatch import Record, Where
 from cdcd.units import ByteSize, Duration
 
 MiB = 1024 * 1024
-
-# A record's key and value, for error messages.
-Record = tuple[bytes | None, bytes | None]
-# Where a record came from: an event's (commit_lsn, seq, lsn, suffix) or a marker's text,
-# formatted only for an error message.
-Where = tuple[int, int, int, str] | str
 
 
 def where_text(where: Where) -> str:

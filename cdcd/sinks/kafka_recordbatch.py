@@ -32,6 +32,13 @@ from typing import Final
 from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from aiokafka.record.util import calc_crc32c
 
+# A record's key and value, for error messages.
+Record = tuple[bytes | None, bytes | None]
+# Where a record came from: an event's (commit_lsn, seq, lsn, suffix) or a marker's text,
+# formatted only for an error message. (Here, not beside the sink's configuration: what the
+# compiled modules import must type-check without pydantic, which a package build lacks.)
+Where = tuple[int, int, int, str] | str
+
 HEADER_SIZE: Final = 61
 _HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 _ATTRIBUTES_OFFSET: Final = 21  # the CRC covers the batch from here on

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.run import ALL_CONTENDERS
+from bench.run import STREAM_CONTENDERS
 from tests.pgharness import find_installations
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def test_bench_quick(tmp_path: Path) -> None:
         f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     )
     results = orjson.loads(out.read_bytes())
-    contenders = set(ALL_CONTENDERS)
+    contenders = set(STREAM_CONTENDERS)
     for workload in ("W1", "W2"):
         rows = {r["contender"]: r for r in results if r["workload"] == workload}
         assert set(rows) == contenders, f"{workload}: contenders {sorted(rows)}"

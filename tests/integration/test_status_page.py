@@ -62,8 +62,14 @@ def screenshot_text(url: str, tmp_path: Path) -> str:
         check=True,
     )
     assert png.stat().st_size > 10_000, "an empty screenshot"
+    # --psm 6, one uniform block: each row read left to right (the automatic layout analysis
+    # may read the overview's labels and its values as two columns)
     return subprocess.run(
-        ["tesseract", str(png), "-"], capture_output=True, text=True, timeout=120, check=True
+        ["tesseract", str(png), "-", "--psm", "6"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
 
 
