@@ -561,17 +561,20 @@ class Assembler:
         self, buf: _Buffer, kind: TransactionKind, commit_lsn: int, end_lsn: int, commit_time: int
     ) -> Transaction:
         self._buffered -= buf.mem_bytes
+        # positional (kind, xid, commit_lsn, end_lsn, commit_time, size, origin, origin_lsn,
+        # gid, mem_bytes, begins): keywords double what a compiled class's constructor costs
         txn = Transaction(
-            kind=kind,
-            xid=buf.xid,
-            commit_lsn=commit_lsn,
-            end_lsn=end_lsn,
-            commit_time=commit_time,
-            size=buf.count - buf.parted,
-            origin=buf.origin,
-            origin_lsn=buf.origin_lsn,
-            gid=buf.gid or None,
-            begins=buf.parted == 0,
+            kind,
+            buf.xid,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+            buf.count - buf.parted,
+            buf.origin,
+            buf.origin_lsn,
+            buf.gid or None,
+            0,
+            buf.parted == 0,
         )
         spill = buf.spill
         if spill is None:

@@ -1,52 +1,19 @@
 """Rows read with ``COPY (SELECT ...) TO STDOUT``: the snapshots' reads (README "Initial
 snapshot": COPY's text output is already the bytes the encoder takes, where a ``SELECT`` goes
-through ``str`` and back; measured about twice as fast).
-
-The text format (PostgreSQL docs, COPY "Text Format"): one line per row, columns separated by
-tabs, ``\\N`` for null, and backslash escapes for backslash and the control characters COPY TO
-writes escaped. Values come out as text-kind :class:`~cdcd.decoder.events.TupleData`, as the
-stream's text values do.
+through ``str`` and back; measured about twice as fast). The lines become text-kind
+:class:`~cdcd.decoder.events.TupleData`, as the stream's text values do, in
+:mod:`cdcd.source.copy_text` (compiled).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cdcd.decoder.events import KIND_NULL, KIND_TEXT, TupleData
+from cdcd.decoder.events import TupleData
+from cdcd.source.copy_text import copy_rows
 
-_UNESCAPES = {
-    b"b": b"\b",
-    b"f": b"\f",
-    b"n": b"\n",
-    b"r": b"\r",
-    b"t": b"\t",
-    b"v": b"\v",
-    b"\\": b"\\",
-}
-_ESCAPE = re.compile(rb"\\(.)", re.DOTALL)
-
-
-def _unescape(match: re.Match[bytes]) -> bytes:
-    return _UNESCAPES.get(match.group(1), match.group(1))
-
-
-def copy_rows(lines: list[bytes], width: int) -> list[TupleData]:
-    """Rows of COPY text output (one line each, without the newline) as text-kind TupleData."""
-    all_text = bytes([KIND_TEXT]) * width
-    rows = []
-    for line in lines:
-        fields = line.split(b"\t")
-        if len(fields) != width:
-            raise ValueError(f"COPY row with {len(fields)} fields, expected {width}")
-        if b"\\" not in line:
-            rows.append(TupleData(all_text, tuple(fields)))
-            continue
-        values = tuple(None if f == b"\\N" else _ESCAPE.sub(_unescape, f) for f in fields)
-        kinds = bytes(KIND_NULL if v is None else KIND_TEXT for v in values)
-        rows.append(TupleData(kinds, values))
-    return rows
+__all__ = ["accounted", "copy_query", "copy_rows"]
 
 
 async def copy_query(
