@@ -67,8 +67,8 @@ def run(
     parts: bool = True,
 ) -> None:
     """``general``: fast paths replaced by their general twin, to measure what each buys:
-    ``framing`` (Session.next_event per message instead of copy_data_run), ``undecoded`` (every
-    change decoded before the assembler takes it, instead of feed_undecoded), ``plain_insert``
+    ``framing`` (Session.next_event per message instead of xlog_run), ``undecoded`` (every
+    change decoded and fed one by one in Python, instead of Assembler.feed_run), ``plain_insert``
     (spill read-back through decode_change only), ``body`` (each JSON Lines record serialised
     from the whole value dict instead of ChangeEvent's cached pieces). ``parts``: transactions
     released in parts while they arrive, as in the daemon (docs/assembler.md, "Parts")."""
@@ -115,33 +115,54 @@ def run(
     writer = 0.0  # CPU seconds spent on released transactions (the daemon's writer task)
     t0 = time.process_time()
     w0 = time.perf_counter()
-    header = struct.Struct("!cQQq").unpack_from  # as ReplicationClient.message_batches
+    header = struct.Struct("!cQQq").unpack_from
+
+    def batches(session: Session) -> list[tuple[int, int, int, bytes]]:
+        if "framing" not in general:  # as ReplicationClient.message_batches
+            items, others = session.xlog_run()
+            assert not others
+            return items  # type: ignore[return-value]
+        out = []
+        for payload in copy_data(session):
+            _, lsn, wal_end, sent = header(payload)
+            out.append((lsn, wal_end, sent, payload[25:]))
+        return out
+
+    fast = raw and "undecoded" not in general
     for start in range(0, len(stream), 65536):
         session.receive_data(stream[start : start + 65536])
-        for payload in copy_data(session):
-            _, lsn, _, _ = header(payload)
-            data = payload[25:]
-            undecoded = raw and "undecoded" not in general
-            if undecoded and assembler.feed_undecoded(data, lsn, streamed=decoder.in_stream):
-                continue  # as the daemon's reader
-            msg = decoder.decode(data, lsn)
-            if type(msg) is Relation:
-                pass  # the daemon's live catalog looks the key up here
-            txn = assembler.feed(msg, lsn, data if raw else None)
+        batch = batches(session)
+        position = 0
+        while position < len(batch):
+            txn = None
+            if fast:  # as the daemon's reader: runs of changes fed in one call
+                run, _, _, txn = assembler.feed_run(
+                    batch, position, decoder.decode, decoder.in_stream
+                )
+                position += run
             if txn is None:
-                continue
+                if fast and run:
+                    continue
+                lsn, _, _, data = batch[position]
+                position += 1
+                msg = decoder.decode(data, lsn)
+                if type(msg) is Relation:
+                    pass  # the daemon's live catalog looks the key up here
+                txn = assembler.feed(msg, lsn, data if raw else None)
+                if txn is None:
+                    continue
             w = time.process_time()
             if txn.begins:  # as the daemon's writer
                 cursor = None if txn.ends else EventCursor()
             if sink == "changes":
                 events += sum(1 for _ in txn.changes())
-            for batch in encoder.batches(txn, cursor=cursor) if sink != "changes" else ():
-                events += len(batch)
+            for made in encoder.batches(txn, cursor=cursor) if sink != "changes" else ():
+                events += len(made)
                 if encode and "body" in general:
-                    for ev in batch:
+                    for ev in made:
                         orjson.dumps({**ev.value(), "key": ev.key()})
                 elif encode:
-                    for ev in batch:
+                    for ev in made:
                         ev.record_json()
             txn.release()
             writer += time.process_time() - w

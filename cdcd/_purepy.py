@@ -35,6 +35,7 @@ from typing import Literal
 
 #: Modules written for mypyc (dotted names), compiled one by one. The only list of them.
 COMPILED_MODULES: tuple[str, ...] = (
+    "cdcd.wire.framing",
     "cdcd.decoder.tuples",
     "cdcd.decoder.events",
     "cdcd.decoder.pgoutput",

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from cdcd.assembler.sizes import COMPACT_BYTES, change_size, record_size
 from cdcd.assembler.spill import SPILL_PREFIX, SPILL_SUFFIX, SpillFile, compact, remove_stale
@@ -59,6 +59,7 @@ DEFAULT_MEMORY_LIMIT: Final = 256 << 20
 
 _OID: Final = struct.Struct("!I")  # pgoutput change header: relation OID
 _XID_OID: Final = struct.Struct("!II")  # inside a stream block: xid, relation OID
+_CHANGE_TAGS: Final = (b"I", b"U", b"D")  # pgoutput Insert, Update, Delete
 
 _BufferKind = Literal["regular", "prepare", "stream"]
 
@@ -482,7 +483,7 @@ class Assembler:
         transaction in spill format (decoded when read back; docs/assembler.md, "Memory");
         return whether it was taken. False: decode ``data`` and :meth:`feed` it as usual."""
         buf = self._block or self._current
-        if buf is None or buf.spill is None or data[:1] not in (b"I", b"U", b"D"):
+        if buf is None or buf.spill is None or data[:1] not in _CHANGE_TAGS:
             return False
         if streamed:
             if len(data) < 9:
@@ -500,6 +501,46 @@ class Assembler:
         if spill.in_memory:
             self._grow(buf, size)
         return True
+
+    def feed_run(
+        self,
+        batch: list[Any],
+        start: int,
+        decode: Callable[[bytes, int], PgOutputMessage],
+        streamed: bool,
+    ) -> tuple[int, int, int, Transaction | None]:
+        """Feed the Inserts, Updates and Deletes at ``batch[start:]``, as many as come in a row:
+        the reader's per-message loop, run here in compiled code. ``batch`` holds XLogData as
+        ``(wal_start, wal_end, send_time, data)`` tuples (the replication client's batches);
+        anything else ends the run, as does any other message (left for the caller). Each
+        change is taken undecoded (:meth:`feed_undecoded`) or decoded with ``decode`` and
+        :meth:`feed` with its bytes; the run stops after a change whose feeding releases a part
+        of its transaction. Returns how many items it took, their bytes, their highest
+        ``wal_end`` (0 when none) and the part released (or None). ``streamed``: the decoder's
+        state, which only Stream Start and Stop change, and those end a run."""
+        taken = start
+        size = 0
+        wal = 0
+        end = len(batch)
+        while taken < end:
+            item = batch[taken]
+            if not isinstance(item, tuple):
+                break
+            data: bytes = item[3]
+            if data[:1] not in _CHANGE_TAGS:
+                break
+            lsn: int = item[0]
+            wal_end: int = item[1]
+            taken += 1
+            size += len(data)
+            if wal_end > wal:
+                wal = wal_end
+            if self.feed_undecoded(data, lsn, streamed=streamed):
+                continue
+            txn = self.feed(decode(data, lsn), lsn, data)
+            if txn is not None:
+                return taken - start, size, wal, txn
+        return taken - start, size, wal, None
 
     def _append_change(
         self, buf: _Buffer, lsn: int, change: Insert | Update | Delete, rel: Relation, data: bytes

@@ -144,34 +144,52 @@ class Reader:
             # before its position. The session position moves once the whole batch is taken in.
             streamed = 0
             keepalives = 0
-            for item in batch:
+            position = 0
+            size = len(batch)
+            while position < size:
+                item = batch[position]
                 if type(item) is tuple:
-                    lsn, wal_end, _, data = item
-                    stats.received_bytes += len(data)
-                    if wal_end > streamed:
-                        streamed = wal_end
-                    if assembler.feed_undecoded(data, lsn, streamed=decoder.in_stream):
-                        continue  # decoded when the transaction is released
-                    msg = decoder.decode(data, lsn)
-                    kind = type(msg)
-                    if kind is ev.Message and msg.prefix in PREFIXES:  # type: ignore[union-attr]
-                        marked = True
-                    elif kind is ev.Relation:
-                        tracker.received(streamed)
-                        await catalog.on_relation(msg)  # type: ignore[arg-type]
-                    two_phase = kind in _TWO_PHASE_EVENTS
-                    if two_phase:
-                        unknown = assembler.unknown_gid_resolutions
-                    cap = assembler.confirm_ceiling() if kind is ev.CommitPrepared else None
+                    # Inserts, updates and deletes, as many as come in a row, fed in one call
+                    # (compiled): taken undecoded into a transaction in spill format (decoded
+                    # when released), else decoded and fed; the run ends early where feeding
+                    # releases a part of the transaction (docs/assembler.md, "Parts")
                     try:
-                        txn = assembler.feed(msg, lsn, data)
+                        run, nbytes, wal_end, txn = assembler.feed_run(
+                            batch, position, decoder.decode, decoder.in_stream
+                        )
                     except OSError as exc:
-                        raise SpillError(
-                            f"buffer.spill_dir {self.config.buffer.spill_dir}: "
-                            f"{exc.strerror or exc} (free disk space or raise buffer.memory_limit)"
-                        ) from exc
-                    if two_phase:
-                        self._log_two_phase(msg, lsn, assembler.unknown_gid_resolutions > unknown)
+                        raise self._spill_error(exc) from exc
+                    cap: int | None = None
+                    if run:
+                        position += run
+                        stats.received_bytes += nbytes
+                        if wal_end > streamed:
+                            streamed = wal_end
+                    else:  # any other message
+                        position += 1
+                        lsn, wal_end, _, data = item
+                        stats.received_bytes += len(data)
+                        if wal_end > streamed:
+                            streamed = wal_end
+                        msg = decoder.decode(data, lsn)
+                        kind = type(msg)
+                        if kind is ev.Message and msg.prefix in PREFIXES:  # type: ignore[union-attr]
+                            marked = True
+                        elif kind is ev.Relation:
+                            tracker.received(streamed)
+                            await catalog.on_relation(msg)  # type: ignore[arg-type]
+                        two_phase = kind in _TWO_PHASE_EVENTS
+                        if two_phase:
+                            unknown = assembler.unknown_gid_resolutions
+                        cap = assembler.confirm_ceiling() if kind is ev.CommitPrepared else None
+                        try:
+                            txn = assembler.feed(msg, lsn, data)
+                        except OSError as exc:
+                            raise self._spill_error(exc) from exc
+                        if two_phase:
+                            self._log_two_phase(
+                                msg, lsn, assembler.unknown_gid_resolutions > unknown
+                            )
                     if txn is None:
                         continue
                     continued = not txn.ends or self._handing is not None
@@ -210,6 +228,7 @@ class Reader:
                         continue
                     await writer.put(txn)
                 else:
+                    position += 1
                     keepalives += 1
                     wal_end = cast(PrimaryKeepalive, item).wal_end
                     tracker.keepalive(wal_end)
@@ -231,6 +250,12 @@ class Reader:
             self._gauges()
             if self._stop.is_set():
                 return
+
+    def _spill_error(self, exc: OSError) -> SpillError:
+        return SpillError(
+            f"buffer.spill_dir {self.config.buffer.spill_dir}: "
+            f"{exc.strerror or exc} (free disk space or raise buffer.memory_limit)"
+        )
 
     def _may_part(self, commit_lsn: int) -> bool:
         """May the transaction committing at ``commit_lsn`` be handed over in parts? Not past

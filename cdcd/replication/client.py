@@ -28,11 +28,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import struct
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import structlog
 
@@ -73,9 +72,6 @@ _COPY_STATES = (wire.State.COPY_BOTH, wire.State.COPY_SERVER_DONE)
 #: One XLogData in a batch of :meth:`ReplicationClient.message_batches`:
 #: ``(wal_start, wal_end, send_time, data)``, the fields of :class:`XLogData`.
 XLogTuple = tuple[int, int, int, bytes]
-_XLOG_HEADER = struct.Struct("!cQQq")  # 'w', wal_start, wal_end, send_time
-_XLOG_HEADER_SIZE = 25
-_W = ord("w")
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,27 +415,20 @@ class ReplicationClient:
         """
         session = self._session
         protocol = self._protocol
-        header = _XLOG_HEADER.unpack_from
         while True:
-            payloads = session.copy_data_run()
-            if payloads:
-                batch: list[XLogTuple | PrimaryKeepalive] = []
-                append = batch.append
+            items, others = session.xlog_run()  # XLogData already as tuples (compiled)
+            if items:
                 reply = False
-                for payload in payloads:
-                    if payload[0] == _W and len(payload) >= _XLOG_HEADER_SIZE:
-                        _, wal_start, wal_end, sent = header(payload)
-                        append((wal_start, wal_end, sent, payload[_XLOG_HEADER_SIZE:]))
-                    else:
-                        message = parse_copy_data(payload)
-                        if isinstance(message, PrimaryKeepalive):
-                            reply = reply or message.reply_requested
-                            append(message)
-                        else:  # unreachable: a short XLogData raises in parse_copy_data
-                            append(_xlog_tuple(message))
+                for index in others:
+                    message = parse_copy_data(cast(bytes, items[index]))
+                    if isinstance(message, PrimaryKeepalive):
+                        reply = reply or message.reply_requested
+                        items[index] = message
+                    else:  # unreachable: a short XLogData raises in parse_copy_data
+                        items[index] = _xlog_tuple(message)
                 if reply:
                     await self.send_status()
-                yield batch
+                yield cast(list[XLogTuple | PrimaryKeepalive], items)
                 continue
             event = session.next_event()
             if event is None:

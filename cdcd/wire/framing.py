@@ -20,6 +20,9 @@ from cdcd.errors import RemoteProtocolError
 
 _HEADER = struct.Struct("!cI")
 _HEADER_SIZE = 5
+_XLOG = struct.Struct("!cQQq")  # XLogData: 'w', wal_start, wal_end, send_time
+_XLOG_SIZE = 25
+_W = ord("w")
 
 #: PostgreSQL itself never sends a message near this; a larger length means corrupt framing.
 DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
@@ -60,6 +63,19 @@ class MessageReader:
         self._pos = end
         return tag, payload
 
+    def _end_of(self, pos: int, size: int, tag: bytes) -> int:
+        """Where the message at ``pos`` (a whole header is there) ends when it is a complete
+        ``tag`` message; -1 when it has another tag or is incomplete."""
+        kind, length = _HEADER.unpack_from(self._buf, pos)
+        if kind != tag:
+            return -1
+        if length < 4 or length > self._max:
+            raise RemoteProtocolError(
+                f"impossible message length {length}", tag=kind.decode("latin-1")
+            )
+        end = pos + 1 + length
+        return end if end <= size else -1
+
     def next_run(self, tag: bytes, max_bytes: int = 256 * 1024) -> list[bytes]:
         """Payloads of the complete messages with ``tag`` at the head of the buffer, in order.
 
@@ -70,27 +86,48 @@ class MessageReader:
         buf = self._buf
         pos = self._pos
         size = len(buf)
-        header = _HEADER.unpack_from
-        limit = self._max
         taken = 0
         payloads: list[bytes] = []
         append = payloads.append
         while size - pos >= _HEADER_SIZE and taken < max_bytes:
-            kind, length = header(buf, pos)
-            if kind != tag:
-                break
-            if length < 4 or length > limit:
-                raise RemoteProtocolError(
-                    f"impossible message length {length}", tag=kind.decode("latin-1")
-                )
-            end = pos + 1 + length
-            if size < end:
+            end = self._end_of(pos, size, tag)
+            if end < 0:
                 break
             append(bytes(buf[pos + _HEADER_SIZE : end]))
-            taken += length
+            taken += end - pos - 1
             pos = end
         self._pos = pos
         return payloads
+
+    def next_xlog_run(self, max_bytes: int = 256 * 1024) -> tuple[list[object], list[int]]:
+        """:meth:`next_run` of CopyData (``d``) messages for a replication stream, each XLogData
+        (``w``: PostgreSQL docs, "Streaming Replication Protocol") already split into a
+        ``(wal_start, wal_end, send_time, data)`` tuple, its data copied once; any other
+        CopyData payload (a keepalive) as its bytes, its index in the second list. Compiled
+        (``cdcd/_purepy.py``): the per-message loop of streaming."""
+        buf = self._buf
+        pos = self._pos
+        size = len(buf)
+        xlog = _XLOG.unpack_from
+        taken = 0
+        items: list[object] = []
+        others: list[int] = []
+        append = items.append
+        while size - pos >= _HEADER_SIZE and taken < max_bytes:
+            end = self._end_of(pos, size, b"d")
+            if end < 0:
+                break
+            start = pos + _HEADER_SIZE
+            if end - start >= _XLOG_SIZE and buf[start] == _W:
+                _, wal_start, wal_end, sent = xlog(buf, start)
+                append((wal_start, wal_end, sent, bytes(buf[start + _XLOG_SIZE : end])))
+            else:
+                others.append(len(items))
+                append(bytes(buf[start:end]))
+            taken += end - pos - 1
+            pos = end
+        self._pos = pos
+        return items, others
 
     @property
     def buffered(self) -> int:

@@ -348,6 +348,14 @@ class Session:
             return []
         return self._reader.next_run(b"d")
 
+    def xlog_run(self) -> tuple[list[object], list[int]]:
+        """:meth:`copy_data_run` with each XLogData split into ``(wal_start, wal_end,
+        send_time, data)`` (:meth:`MessageReader.next_xlog_run`); other payloads as bytes,
+        their indexes in the second list."""
+        if self._state is not State.COPY_BOTH and self._state is not State.COPY_CLIENT_DONE:
+            return [], []
+        return self._reader.next_xlog_run()
+
     def _handle(self, tag: bytes, payload: bytes) -> Event:
         # The hot path (CopyData during streaming) comes first.
         if tag == b"d":

@@ -4,6 +4,7 @@ arrives, and what is never released in parts (streamed, prepared, refused by ``m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,6 +25,8 @@ from cdcd.decoder.events import (
     StreamStop,
     Truncate,
 )
+from cdcd.decoder.pgoutput import PgOutputDecoder
+from tests.unit import test_pgoutput as wire
 from tests.unit.test_assembler import OID_A, OID_B, Feeder, ins, relation, spill_files
 
 PART = 4096  # accounted bytes: a part every few changes (an insert here is ~380 bytes)
@@ -235,3 +238,65 @@ def test_reset_mid_transaction_forgets_the_rest(part_bytes: int) -> None:
     assert again[0].begins  # the reader, not the assembler, knows it was handed before
     assert joined(again) == [str(i) for i in range(30)]
     assert len(before) >= 1
+
+
+def _wire_stream(sizes: list[int]) -> list[tuple[int, int, int, bytes]]:
+    """pgoutput bytes of a relation and two transactions (Inserts of ``sizes`` bytes, then a
+    logical message, an update and a delete), as the replication client's XLogData tuples."""
+    oid = 4242
+    text = wire.tuple_bytes
+    msgs = [wire.relation(oid, "public", "t", b"d", [(1, "v", 25, -1)])]
+    msgs.append(wire.begin(0x9000, 1, 700))
+    msgs += [wire.insert(oid, text(b"t", (b"%d" % i + b"x" * n,))) for i, n in enumerate(sizes)]
+    msgs.append(wire.commit(0, 0x9000, 0x9008, 1))
+    msgs.append(wire.begin(0x9100, 2, 701))
+    msgs.append(wire.message(1, 0x9010, "p", b"m"))
+    msgs.append(wire.update(oid, text(b"t", (b"u",))))
+    msgs.append(wire.delete(oid, b"K", text(b"t", (b"d",))))
+    msgs.append(wire.commit(0, 0x9100, 0x9108, 2))
+    return [(0x1000 + 8 * i, 0x1000 + 8 * i, 0, data) for i, data in enumerate(msgs)]
+
+
+def _released(asm: Assembler, items: list[tuple[int, int, int, bytes]], run: bool) -> list[Any]:
+    decoder = PgOutputDecoder(1)
+    out = []
+    position = 0
+    batch: list[Any] = list(items)
+    while position < len(batch):
+        txn = None
+        if run:
+            taken, size, wal, txn = asm.feed_run(batch, position, decoder.decode, False)
+            assert size == sum(len(item[3]) for item in batch[position : position + taken])
+            assert wal == max((item[1] for item in batch[position : position + taken]), default=0)
+            position += taken
+        if txn is None and not (run and taken):
+            lsn, _, _, data = batch[position]
+            position += 1
+            txn = asm.feed(decoder.decode(data, lsn), lsn, data)
+        if txn is not None:
+            out.append((txn.kind, txn.commit_lsn, txn.end_lsn, txn.begins, txn.ends))
+            out.append([(rec.lsn, type(rec.change).__name__) for rec in txn.changes()])
+            txn.release()
+    return out
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.integers(0, 900), min_size=0, max_size=30),
+    part_bytes=st.sampled_from([None, 300, 2000]),
+    memory_limit=st.sampled_from([1 << 20, 3000]),
+)
+def test_feed_run_releases_what_feeding_one_by_one_does(
+    sizes: list[int], part_bytes: int | None, memory_limit: int, tmp_path: Path
+) -> None:
+    """Assembler.feed_run (the reader's loop in compiled code) against decode-and-feed per
+    message: the same parts, transactions and changes, in parts, whole, and spilled (where
+    changes are taken undecoded)."""
+    items = _wire_stream(sizes)
+    kwargs = {"part_bytes": part_bytes, "memory_limit": memory_limit, "spill_dir": tmp_path}
+    one_by_one = _released(Assembler(**kwargs), items, run=False)  # type: ignore[arg-type]
+    in_runs = _released(Assembler(**kwargs), items, run=True)  # type: ignore[arg-type]
+    assert in_runs == one_by_one
+    assert sum(len(x) for x in in_runs[1::2]) == len(sizes) + 3

@@ -6,6 +6,8 @@ chunking, and stop at other tags, incomplete messages and the byte budget.
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -97,3 +99,45 @@ def test_copy_data_run_only_while_streaming() -> None:
     session.receive_data(frame(b"d", b"w3"))
     session._state = State.COPY_BOTH
     assert session.next_event() == CopyData(b"w3")
+
+
+def _xlog(wal_start: int, wal_end: int, sent: int, data: bytes) -> bytes:
+    return frame(b"d", b"w" + struct.pack("!QQq", wal_start, wal_end, sent) + data)
+
+
+def test_next_xlog_run_splits_xlogdata_and_leaves_other_payloads() -> None:
+    keepalive = b"k" + struct.pack("!QqB", 0x500, 7, 1)
+    reader = MessageReader()
+    reader.feed(
+        _xlog(0x10, 0x20, 5, b"I-one")
+        + frame(b"d", keepalive)
+        + _xlog(0x30, 0x40, 6, b"")
+        + frame(b"Z", b"I")
+        + _xlog(0x50, 0x60, 7, b"after")
+    )
+    items, others = reader.next_xlog_run()
+    assert items == [(0x10, 0x20, 5, b"I-one"), keepalive, (0x30, 0x40, 6, b"")]
+    assert others == [1]
+    assert all(type(item[3]) is bytes for item in items if type(item) is tuple)
+    assert reader.next() == (b"Z", b"I")  # another tag ends the run
+    partial = _xlog(0x70, 0x80, 8, b"partial")
+    reader.feed(partial[:-1])
+    items, others = reader.next_xlog_run()
+    assert items == [(0x50, 0x60, 7, b"after")]  # the incomplete message waits
+    reader.feed(partial[-1:])
+    assert reader.next_xlog_run() == ([(0x70, 0x80, 8, b"partial")], [])
+
+
+def test_next_xlog_run_impossible_length() -> None:
+    reader = MessageReader(max_message_size=100)
+    reader.feed(b"d" + struct.pack("!I", 101) + b"x" * 97)
+    with pytest.raises(RemoteProtocolError, match="impossible message length 101"):
+        reader.next_xlog_run()
+
+
+def test_xlog_run_only_while_streaming() -> None:
+    session = Session(user="u", database="d")
+    session.receive_data(_xlog(1, 2, 3, b"B"))
+    assert session.xlog_run() == ([], [])  # not in COPY BOTH yet
+    session._state = State.COPY_BOTH
+    assert session.xlog_run() == ([(1, 2, 3, b"B")], [])
