@@ -37,6 +37,8 @@ methods:
     events(txn: Transaction, cursor=None) -> Iterator[ChangeEvent]
     batches(txn, max_events=1000, cursor=None) -> Iterator[list[ChangeEvent]]
     (``cursor``: an :class:`EventCursor` carried from one part of a transaction to the next)
+    take_counts() -> list[(table, op, n)]   events made since the last call, per "schema.table"
+                                          ("_messages" for logical messages) and op
     snapshot_events(relation, rows, *, commit_lsn, commit_time, first_seq=0, xid=None,
                     last=False) -> Iterator[ChangeEvent]          (op "r")
     schema_info(relation) -> dict                                 (the file sink's _schema files)
@@ -146,6 +148,17 @@ class Encoder:
         self.catalog = catalog
         self._clock = clock
         self._rels: dict[int, RelInfo] = {}
+        self._counts: dict[tuple[RelInfo | None, str], int] = {}
+
+    def take_counts(self) -> list[tuple[str, str, int]]:
+        """The events made since the last call, per table and op: counted here, in compiled
+        code, rather than by going over the events again."""
+        counts = [
+            ("_messages" if rel is None else f"{rel.schema}.{rel.table}", op, n)
+            for (rel, op), n in self._counts.items()
+        ]
+        self._counts.clear()
+        return counts
 
     def _rel(self, relation: Relation) -> RelInfo:
         info = self._rels.get(id(relation))
@@ -188,6 +201,7 @@ class Encoder:
         collections = cursor.collections
         seq = cursor.seq
         prev_lsn = cursor.prev_lsn
+        counts = self._counts
 
         for record in txn.changes():
             lsn = record.lsn
@@ -198,6 +212,8 @@ class Encoder:
                 table_oid: int | None = table.relation.oid
                 dco = collections.get(table_oid, 0) + 1
                 collections[table_oid] = dco
+                inserted: tuple[RelInfo | None, str] = (table, "c")
+                counts[inserted] = counts.get(inserted, 0) + 1
                 yield ChangeEvent(
                     "c", table, info, lsn, seq, dco, prev_lsn, ts_ms, None, change.new
                 )
@@ -209,6 +225,8 @@ class Encoder:
                 oid = rel.relation.oid if rel is not None else None
                 dco = collections.get(oid, 0) + 1
                 collections[oid] = dco
+                counted = (rel, op)
+                counts[counted] = counts.get(counted, 0) + 1
                 yield ChangeEvent(
                     op,
                     rel,
@@ -295,6 +313,8 @@ class Encoder:
         batch = rows if isinstance(rows, list) else list(rows)
         final = len(batch) - 1 if last else -1
         ts_ms = int(self._clock() * 1000)  # processing time: once per batch of rows
+        read: tuple[RelInfo | None, str] = (rel, "r")
+        self._counts[read] = self._counts.get(read, 0) + len(batch)
         for index in range(len(batch)):
             yield ChangeEvent(
                 "r",

@@ -185,7 +185,8 @@ async def initial_snapshot(
                 seq += len(events)
                 await each_sink("write", lambda sink: sink.write(events))
                 stats.events += len(events)
-                stats.count(f"{relation.namespace}.{relation.name}", "r", len(events))
+                for table, op, n in encoder.take_counts():  # the encoder counts what it makes
+                    stats.count(table, op, n)
 
             await each_sink("begin", lambda sink: sink.begin(txn))
             described = None

@@ -288,7 +288,7 @@ class Writer:
             yield (_BEGIN, txn)
         if self._events_wanted:
             for batch in self._encoder.batches(txn, cursor=self._cursor):
-                self._count(batch)
+                self._count(len(batch))
                 yield (_WRITE, batch)
         else:
             for records in _record_batches(txn):
@@ -337,15 +337,13 @@ class Writer:
         if self._latency is not None:
             self._latency.handed(txn.end_lsn, txn.commit_time)
 
-    def _count(self, events: list[Any]) -> None:
-        """Per table and op counters (logical messages count under ``_messages``)."""
+    def _count(self, events: int) -> None:
+        """Per table and op counters (logical messages count under ``_messages``), as the
+        encoder counted the events it made."""
         stats = self._stats
-        stats.events += len(events)
-        events_by = stats.events_by
-        for event in events:
-            table = "_messages" if event.table is None else f"{event.schema}.{event.table}"
-            key = (table, event.op)
-            events_by[key] = events_by.get(key, 0) + 1
+        stats.events += events
+        for table, op, n in self._encoder.take_counts():
+            stats.count(table, op, n)
 
     def _count_changes(self, records: list[ChangeRecord]) -> None:
         """:meth:`_count` without events: per change (an Update of the key counts as ``u``)."""

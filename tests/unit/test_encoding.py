@@ -402,3 +402,33 @@ def test_reset_of_a_recreated_slot_is_truncates_marked_reset() -> None:
         assert event.key() is None and value["before"] is None and value["after"] is None
     plain = TxnBuilder(13, 6000).truncate([ORDERS]).build()
     assert next(encoder().events(plain)).source()["snapshot"] == "false"
+
+
+def test_encoder_counts_the_events_it_makes_per_table_and_op() -> None:
+    """take_counts (what the writer's per-table counters come from) agrees with the events."""
+    from collections import Counter
+
+    txn = (
+        TxnBuilder(780, 5000)
+        .insert(ORDERS, tup(1, "a", None))
+        .insert(ITEMS, tup(1, "x"))
+        .insert(ORDERS, tup(2, "b", None))
+        .update(ORDERS, tup(3, "b", None), old=tup(2, None, None), kind="K")  # key change: d + c
+        .update(ORDERS, tup(3, "c", None))
+        .delete(ITEMS, tup(1, "x"))
+        .message("p", b"m")
+        .truncate([ORDERS, ITEMS])
+        .build()
+    )
+    enc = encoder()
+    assert enc.take_counts() == []
+    events = list(enc.events(txn))
+    made = Counter(
+        ("_messages" if e.table is None else f"{e.schema}.{e.table}", e.op) for e in events
+    )
+    assert {(t, op): n for t, op, n in enc.take_counts()} == made
+    assert made[("public.orders", "c")] == 3 and made[("public.orders", "d")] == 1
+    assert enc.take_counts() == []  # taken
+    rows = [tup(i, "r", None) for i in range(7)]
+    list(enc.snapshot_events(ORDERS, rows, commit_lsn=10, commit_time=0))
+    assert enc.take_counts() == [("public.orders", "r", 7)]
