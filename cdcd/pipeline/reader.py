@@ -10,8 +10,10 @@ never in neither the assembler nor the tracker), and, once a whole batch has bee
 far the session has streamed. A transaction whose end LSN was queued before is a resend after a
 reconnect and is dropped. A transaction committed past ``--endpos`` ends the session.
 
-Changes of a large transaction that the assembler keeps in compact form are handed to it
-undecoded (``feed_undecoded``) and decoded once, when the transaction is released.
+Inserts, updates and deletes that come in a row are fed in one compiled call
+(``Assembler.feed_run``): those of a large transaction that the assembler keeps in compact form
+undecoded (decoded once, when the transaction is released), the others decoded and fed; every
+other message goes through the loop here, one by one.
 
 A regular transaction is handed to the writer in parts while it arrives (docs/assembler.md,
 "Parts"), except past ``--endpos``, when it is a resend of one queued earlier, or while an
