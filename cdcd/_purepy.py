@@ -51,7 +51,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.assembler.assembler",
     "cdcd.events.change_event",
     "cdcd.events.encoder",
-    "cdcd.source.copy_text",
+    "cdcd.decoder.copy_text",
     "cdcd.sinks.kafka_partition",
     "cdcd.sinks.kafka_recordbatch",
     "cdcd.sinks.kafka_batches",

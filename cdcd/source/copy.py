@@ -2,7 +2,7 @@
 snapshot": COPY's text output is already the bytes the encoder takes, where a ``SELECT`` goes
 through ``str`` and back; measured about twice as fast). The lines become text-kind
 :class:`~cdcd.decoder.events.TupleData`, as the stream's text values do, in
-:mod:`cdcd.source.copy_text` (compiled).
+:mod:`cdcd.decoder.copy_text` (compiled).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import TupleData
-from cdcd.source.copy_text import copy_rows
 
 __all__ = ["accounted", "copy_query", "copy_rows"]
 
