@@ -482,8 +482,14 @@ class Assembler:
         """Take an Insert, Update or Delete as pgoutput bytes, undecoded, if it belongs to a
         transaction in spill format (decoded when read back; docs/assembler.md, "Memory");
         return whether it was taken. False: decode ``data`` and :meth:`feed` it as usual."""
+        if data[:1] not in _CHANGE_TAGS:
+            return False
+        return self._take_undecoded(data, lsn, streamed)
+
+    def _take_undecoded(self, data: bytes, lsn: int, streamed: bool) -> bool:
+        """:meth:`feed_undecoded` for ``data`` known to be an Insert, Update or Delete."""
         buf = self._block or self._current
-        if buf is None or buf.spill is None or data[:1] not in _CHANGE_TAGS:
+        if buf is None or buf.spill is None:
             return False
         if streamed:
             if len(data) < 9:
@@ -535,7 +541,7 @@ class Assembler:
             size += len(data)
             if wal_end > wal:
                 wal = wal_end
-            if self.feed_undecoded(data, lsn, streamed=streamed):
+            if self._take_undecoded(data, lsn, streamed):
                 continue
             txn = self.feed(decode(data, lsn), lsn, data)
             if txn is not None:

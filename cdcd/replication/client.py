@@ -439,7 +439,7 @@ class ReplicationClient:
                         f"replication connection to {self.params.describe()} lost: {exc}"
                     ) from exc
                 continue
-            if type(event) is wire.CopyData:  # copy_data_run takes these; kept for safety
+            if type(event) is wire.CopyData:  # xlog_run takes these; kept for safety
                 message = parse_copy_data(event.payload)
                 if isinstance(message, PrimaryKeepalive):
                     if message.reply_requested:
