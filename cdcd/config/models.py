@@ -221,6 +221,9 @@ class SnapshotConfig(_Model):
     #: connections reading snapshot chunks at once: block ranges of the initial snapshot, key
     #: ranges of an incremental one (README "Initial snapshot", "Incremental snapshots")
     workers: int = Field(default=1, ge=1, le=64)
+    #: the initial snapshot starts with one of them and adds one while that raises the rate
+    #: (false: all of them from the start); README "Initial snapshot"
+    tune_workers: bool = True
     #: rows per block-range chunk of the initial snapshot, estimated from pg_class
     initial_chunk_rows: int = Field(default=100_000, ge=1)
     #: rows per chunk of an incremental snapshot (README "Incremental snapshots")

@@ -8,7 +8,9 @@ For each requested table with a primary key (or a replica identity index), chunk
 
 With ``snapshot.workers`` > 1 the next chunk's last key is looked up first (``OFFSET n - 1`` on
 the key's index), so that chunks ``(last, next]`` are read at once over that many connections,
-each between its own watermarks.
+each between its own watermarks; and up to that many tables are read at once, their chunks
+sharing the connections (a small table does not wait behind a large one). The short queries
+(describing a table, looking up the next key) go one at a time over one more connection.
 
 The reader drops the rows changed inside the window and queues the rest as a ``"snapshot"``
 transaction at the high watermark's position, like any committed transaction: the progress
@@ -26,11 +28,10 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import structlog
@@ -162,6 +163,38 @@ class IncrementalState:
         return [n for n, t in self.tables.items() if t["status"] in ("pending", "running")]
 
 
+_T = TypeVar("_T")
+
+
+class _Control:
+    """The connection for the short queries (listing and describing tables, looking up the
+    next chunk's key), one query at a time for every table being read; opened when first
+    needed, and again after it was lost."""
+
+    def __init__(self, connect: Callable[[], Awaitable[Any]]) -> None:
+        self._connect = connect
+        self._conn: Any = None
+        self._lock = asyncio.Lock()
+
+    async def run(self, query: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """``query(connection, *args)``."""
+        async with self._lock:
+            if self._conn is None:
+                self._conn = await self._connect()
+            try:
+                return await query(self._conn, *args)
+            except BaseException as exc:
+                if isinstance(exc, _CONNECTION_LOST) or not isinstance(exc, Exception):
+                    self._conn.terminate()  # lost, or a query cut short: not reusable
+                    self._conn = None
+                raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
+
+
 @dataclass(slots=True)
 class _Done:
     """A chunk queued at ``end_lsn`` (0: nothing queued; -1: not read yet), to record once
@@ -195,7 +228,11 @@ class IncrementalSnapshot:
         self.state = IncrementalState(config.snapshot.state_dir, config.source.slot)
         self.watermarks = Watermarks(self.request)
         self._wake = asyncio.Event()
-        self._undurable: list[_Done] = []
+        #: per table, its chunks not recorded yet, in key order
+        self._undurable: dict[str, list[_Done]] = {}
+        self._control = _Control(self._open)
+        self._idle: list[Any] = []  # worker connections not in use
+        self._free = config.snapshot.workers  # worker slots not in use
 
     def request(self, tables: list[str], signal_lsn: int = 0) -> None:
         """Tables asked for (by a signal in the stream at ``signal_lsn``, or at start):
@@ -217,17 +254,17 @@ class IncrementalSnapshot:
     async def run(self) -> None:
         cfg = self.config.snapshot
         watch_new = cfg.new_tables and cfg.mode != "never"
-        conn = None
         first = watch_new or cfg.mode == "incremental" or bool(self.state.pending())
+        tasks: dict[str, asyncio.Task[None]] = {}  # the tables being read
         try:
             polled = time.monotonic()
             backoff = 1.0
+            not_before = 0.0  # after a lost connection, no table starts before this
             while first and self.state.known is None:  # the first start with this state
                 try:
-                    conn = conn or await self._open()
-                    self.state.known = await self._published(conn)
+                    self.state.known = await self._control.run(self._published)
                 except _CONNECTION_LOST as exc:  # a failover, a restarting server
-                    conn = _dropped(conn, "could not list the published tables", exc)
+                    log.warning("could not list the published tables", error=str(exc))
                     backoff = await _pause(backoff)
                     continue
                 if cfg.mode == "incremental":
@@ -237,31 +274,50 @@ class IncrementalSnapshot:
                 if watch_new and time.monotonic() - polled >= _POLL_SECONDS:
                     polled = time.monotonic()
                     try:
-                        conn = conn or await self._open()
-                        await self._new_tables(conn)
+                        await self._control.run(self._new_tables)
                     except _CONNECTION_LOST as exc:
-                        conn = _dropped(conn, "could not look for new tables", exc)
-                pending = self.state.pending()
-                if pending:
-                    try:
-                        conn = conn or await self._open()
-                        await self._table(conn, pending[0])
-                        backoff = 1.0
-                    except _CONNECTION_LOST as exc:  # the reader reconnects on its own
-                        conn = _dropped(
-                            conn,
-                            "incremental snapshot lost its connection; resuming after a backoff",
-                            exc,
-                        )
-                        backoff = await _pause(backoff)
+                        log.warning("could not look for new tables", error=str(exc))
+                # several workers: as many tables at once, their chunks sharing the workers
+                for name in self.state.pending():
+                    if len(tasks) >= cfg.workers or time.monotonic() < not_before:
+                        break
+                    if name not in tasks:  # one that ended is started again when pending
+                        tasks[name] = asyncio.create_task(self._table(name))
+                if not tasks:
+                    self.record_durable()
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), 0.5)
                     continue
-                self.record_durable()
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                ended, _ = await asyncio.wait(
+                    tasks.values(), timeout=0.5, return_when=asyncio.FIRST_COMPLETED
+                )
+                for name, task in list(tasks.items()):
+                    if task not in ended:
+                        continue
+                    del tasks[name]
+                    failure = task.exception()
+                    if failure is None:
+                        backoff = 1.0
+                    elif isinstance(failure, _CONNECTION_LOST):  # the reader reconnects itself
+                        log.warning(
+                            "incremental snapshot lost its connection; resuming after a backoff",
+                            table=name,
+                            error=str(failure),
+                        )
+                        not_before = time.monotonic() + backoff
+                        backoff = min(backoff * 2, 10.0)
+                    else:
+                        raise failure
         finally:
-            if conn is not None:
-                await conn.close()
+            for task in tasks.values():
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks.values())
+            self._control.close()
+            for conn in self._idle:
+                conn.terminate()
+            self._idle.clear()
 
     async def _open(self) -> Any:
         return await open_sql(self.source.params, self.config.source.connect_timeout)
@@ -288,14 +344,22 @@ class IncrementalSnapshot:
         """Write the progress of the chunks every sink now holds durably (also called by the
         pipeline once it has drained, so that an orderly stop re-reads nothing)."""
         durable = self.tracker.durable_lsn()
+        recorded = False
+        for chunks in self._undurable.values():
+            recorded |= self._record(chunks, durable)
+        if recorded:
+            self.state.save()
+
+    def _record(self, chunks: list[_Done], durable: int) -> bool:
+        """Record the leading ``chunks`` (one table's) durable at ``durable``."""
         done = 0
-        for item in self._undurable:
+        for item in chunks:
             if item.end_lsn < 0 or item.end_lsn > durable:  # < 0: not read yet
                 break
             done += 1
         if not done:
-            return
-        for item in self._undurable[:done]:
+            return False
+        for item in chunks[:done]:
             entry = self.state.tables.get(item.table)
             if entry is None or entry["status"] == "pending":
                 continue  # requested again meanwhile: starts over
@@ -307,16 +371,52 @@ class IncrementalSnapshot:
             entry["rows_per_s"] = None if rate is None else round(rate)  # for cdcd snapshot status
             if item.finished:
                 entry["status"] = "done"
-        del self._undurable[:done]
-        self.state.save()
+        del chunks[:done]
+        return True
 
-    async def _table(self, conn: Any, name: str) -> None:
+    def _share(self, name: str) -> int:
+        """How many workers table ``name`` may use at once: ``snapshot.workers`` split between
+        the tables being read (the first ones get the remainder), so that none waits behind
+        another for a worker."""
+        tables = list(self._undurable)
+        workers = self.config.snapshot.workers
+        return workers // len(tables) + (tables.index(name) < workers % len(tables))
+
+    def _in_flight(self) -> int:
+        """Chunks queued or being read, not recorded yet, of every table."""
+        return sum(len(chunks) for chunks in self._undurable.values())
+
+    async def _on_worker(self, read: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """``read(connection, *args)`` on a worker connection (an idle one, else a new one), in
+        the slot the caller took (``self._free``, given back by :meth:`_release`); the
+        connection goes back to the idle ones after, or is closed if ``read`` failed (it may
+        be broken)."""
+        conn = None
+        ok = False
+        try:
+            conn = self._idle.pop() if self._idle else await self._open()
+            result = await read(conn, *args)
+            ok = True
+            return result
+        finally:
+            if conn is not None:
+                if ok:
+                    self._idle.append(conn)
+                else:
+                    conn.terminate()
+
+    def _release(self, _: Any) -> None:
+        """A chunk's task ended (read, failed or cancelled, started or not): its slot is free."""
+        self._free += 1
+
+    async def _table(self, name: str) -> None:
         entry = self.state.tables[name]
-        table = await self._describe(conn, name)
+        control = self._control
+        table = await control.run(self._describe, name)
         if table is None:
             self._removed(name, entry)
             return
-        key_cols = await primary_key(conn, table.relation.oid)
+        key_cols = await control.run(primary_key, table.relation.oid)
         problem = (
             "source.messages is off: the watermarks are logical messages the stream must carry "
             "(turn it on)"
@@ -329,11 +429,11 @@ class IncrementalSnapshot:
         )
         keys = [(str(r[0]), str(r[1])) for r in key_cols]
         if problem is None:
-            problem = await key_problem(conn, table, keys)
+            problem = await control.run(key_problem, table, keys)
         if problem is not None:
             self._skipped(name, entry, problem)
             return
-        estimate = await row_estimate(conn, table.relation.oid)
+        estimate = await control.run(row_estimate, table.relation.oid)
         if entry["status"] == "pending":
             entry["status"] = "running"
             entry["estimate"] = max(int(estimate), 0)
@@ -358,37 +458,49 @@ class IncrementalSnapshot:
         tail = False  # a chunk without an upper key is in flight: the next start comes from it
         ended = False
         inflight: dict[asyncio.Task[Any], tuple[_Done, Any]] = {}
-        pool = [conn] if cfg.workers == 1 else []
+        undurable = self._undurable[name] = []
         try:
-            for _ in range(len(pool), cfg.workers):  # several workers: connections of their own
-                pool.append(await open_sql(self.source.params, self.config.source.connect_timeout))
             while self.state.tables.get(name) is entry and not (ended and not inflight):
                 self.record_durable()
                 # bounded: what a crash makes emit again (chunks not recorded yet) stays small
-                if len(self._undurable) >= cfg.chunks_in_flight:
+                if self._in_flight() >= cfg.chunks_in_flight:
                     self._flush()  # rather than wait for the sinks' flush_interval
-                if not ended and not tail and pool and len(self._undurable) < cfg.chunks_in_flight:
-                    if time.monotonic() - described >= _POLL_SECONDS and not inflight:
-                        described = time.monotonic()
-                        latest = await self._describe(conn, name)  # columns added, dropped, ...
-                        if latest is None:
-                            self._removed(name, entry)
-                            break
-                        current[0] = latest
-                    # several workers: the next chunk's last key, so that it and the one
-                    # after it can be read at once; one worker reads `chunk_rows` rows
-                    hi = (
-                        await next_bound(conn, current[0], keys, lo, cfg.chunk_rows)
-                        if cfg.workers > 1
-                        else None
-                    )
-                    done = _Done(name, -1, hi, 0, False)  # end_lsn -1: not read yet
-                    self._undurable.append(done)  # in key order: resume after durable ones
-                    worker = pool.pop()
-                    task = asyncio.create_task(
-                        self._chunk(worker, name, current, key_names, keys, lo, hi)
-                    )
-                    task.add_done_callback(partial(_give_back, pool, worker))
+                if (
+                    not ended
+                    and not tail
+                    and self._free > 0
+                    and len(inflight) < self._share(name)
+                    and self._in_flight() < cfg.chunks_in_flight
+                ):
+                    # taken before anything is awaited: other tables' tasks take them too
+                    self._free -= 1  # this chunk's worker
+                    done = _Done(name, -1, None, 0, False)  # end_lsn -1: not read yet
+                    undurable.append(done)  # in key order: resume after durable ones
+                    launched = False
+                    try:
+                        if time.monotonic() - described >= _POLL_SECONDS and not inflight:
+                            described = time.monotonic()
+                            latest = await control.run(self._describe, name)  # altered?
+                            if latest is None:
+                                self._removed(name, entry)
+                                break
+                            current[0] = latest
+                        # several workers: the next chunk's last key, so that it and the one
+                        # after it can be read at once; one worker reads `chunk_rows` rows
+                        hi = done.last_key = (
+                            await control.run(next_bound, current[0], keys, lo, cfg.chunk_rows)
+                            if cfg.workers > 1
+                            else None
+                        )
+                        task = asyncio.create_task(
+                            self._on_worker(self._chunk, name, current, key_names, keys, lo, hi)
+                        )
+                        task.add_done_callback(self._release)
+                        launched = True
+                    finally:
+                        if not launched:
+                            self._free += 1
+                            undurable.remove(done)
                     inflight[task] = (done, lo)
                     if hi is None:
                         tail = True
@@ -453,15 +565,13 @@ class IncrementalSnapshot:
             if inflight:  # the table was requested again: let its chunks finish
                 await asyncio.wait(inflight)
             # chunks after one not read are read again at the next attempt: not recorded
-            unread = next((i for i, d in enumerate(self._undurable) if d.end_lsn < 0), None)
+            unread = next((i for i, d in enumerate(undurable) if d.end_lsn < 0), None)
             if unread is not None:
-                del self._undurable[unread:]
-            for worker in pool:
-                if worker is not conn:
-                    worker.terminate()  # nothing in flight on it; it may be broken
-        while self._undurable:
+                del undurable[unread:]
+        while undurable:
             await asyncio.sleep(0.1)
             self.record_durable()
+        del self._undurable[name]
         if entry["status"] != "done":  # removed, or started over
             progress.status = entry["status"] if entry["status"] != "running" else "pending"
             return
@@ -560,23 +670,10 @@ NO_KEY = (
 )
 
 
-def _dropped(conn: Any, what: str, exc: BaseException) -> Any:
-    """Log a lost connection and close it: None, the connection to use from now on (the caller
-    opens a new one when it next needs it)."""
-    log.warning(what, error=str(exc))
-    if conn is not None:
-        conn.terminate()
-    return None
-
-
 async def _pause(backoff: float) -> float:
     """Wait ``backoff`` seconds after a lost connection; the next, doubled, wait (at most 10 s)."""
     await asyncio.sleep(backoff)
     return min(backoff * 2, 10.0)
-
-
-def _give_back(pool: list[Any], conn: Any, _: Any) -> None:
-    pool.append(conn)
 
 
 def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:

@@ -97,6 +97,43 @@ class _Chunks:
             return rows
 
 
+class ReaderTuner:
+    """How many of ``most`` workers read at once: as many as raise the rate. It starts with
+    one and, after each window, keeps the one just added if the rate rose by ``gain`` (5 %) or
+    more and tries one more; else it goes back to the best count and stays there. More readers
+    pay where the server is the limit (a database with cores to spare); where cdcd is (one
+    process: decoding, encoding, writing), they only add server backends competing for the
+    same cores and interleaved streams, and make it slower (README "Initial snapshot")."""
+
+    def __init__(self, most: int, gain: float = 1.05) -> None:
+        self.most = most
+        self.gain = gain
+        self.active = 1
+        self.settled = most <= 1
+        self._best_rate = 0.0
+        self._best = 1
+
+    def observe(self, rate: float) -> int:
+        """The rate (rows/s) of the window just ended with ``active`` readers; the readers for
+        the next one."""
+        if self.settled:
+            return self.active
+        if self.active == 1 or rate >= self._best_rate * self.gain:
+            self._best_rate, self._best = rate, self.active
+            if self.active < self.most:
+                self.active += 1
+            else:
+                self.settled = True
+        else:
+            self.active = self._best
+            self.settled = True
+        return self.active
+
+
+#: seconds of reading per measurement of :class:`ReaderTuner`
+_TUNE_WINDOW = 1.0
+
+
 async def _open_at_snapshot(config: Config, source: Any, snapshot_name: str) -> Any:
     """A connection inside a read-only ``REPEATABLE READ`` transaction at the exported snapshot."""
     conn = await open_sql(source.params, config.source.connect_timeout)
@@ -157,21 +194,49 @@ async def initial_snapshot(
         # bottleneck) and costs: many live rows make every garbage collection longer.
         queue = _Chunks(len(chunks), config.buffer.memory_limit // 2, 2 * cfg.workers)
         next_chunk = 0
+        written = 0  # rows handed to the sinks, for the tuner
+        tuner = ReaderTuner(min(cfg.workers, len(chunks)))
+        if not cfg.tune_workers:
+            tuner.active = tuner.most
+            tuner.settled = True
+        readers = asyncio.Condition()  # tuner.active changed
 
-        async def read(conn: Any) -> None:
+        async def read(conn: Any, number: int) -> None:
             nonlocal next_chunk
+
+            def my_turn() -> bool:
+                return number < tuner.active or next_chunk >= len(chunks)
+
             while next_chunk < len(chunks):
+                if number >= tuner.active:  # not needed now: the tuner may call on it later
+                    async with readers:
+                        await readers.wait_for(my_turn)
+                    continue
                 index = next_chunk
                 next_chunk += 1
                 await copy_chunk(conn, chunks[index], partial(queue.put, index), cfg.batch_rows)
                 await queue.finish(index)
+            async with readers:
+                readers.notify_all()  # the others waiting for their turn: nothing is left
+
+        async def tune() -> None:
+            """One more reader while it raises the rate (:class:`ReaderTuner`)."""
+            while not tuner.settled and next_chunk < len(chunks):
+                before, since = written, time.monotonic()
+                await asyncio.sleep(_TUNE_WINDOW)
+                rate = (written - before) / (time.monotonic() - since)
+                was = tuner.active
+                if tuner.observe(rate) != was:
+                    async with readers:
+                        readers.notify_all()
+                log.debug("snapshot readers", readers=was, rows_per_s=round(rate))
 
         async def write() -> int:
             pending: tuple[Any, list[TupleData]] | None = None
             seq = 0
 
             async def emit(relation: Any, rows: list[TupleData], last: bool) -> None:
-                nonlocal seq
+                nonlocal seq, written
                 events = list(
                     encoder.snapshot_events(
                         relation,
@@ -184,6 +249,7 @@ async def initial_snapshot(
                 )
                 seq += len(events)
                 await each_sink("write", lambda sink: sink.write(events))
+                written = seq
                 stats.events += len(events)
                 for table, op, n in encoder.take_counts():  # the encoder counts what it makes
                     stats.count(table, op, n)
@@ -204,7 +270,11 @@ async def initial_snapshot(
             await each_sink("commit", lambda sink: sink.commit(txn))
             return seq
 
-        tasks = [asyncio.create_task(write()), *(asyncio.create_task(read(c)) for c in conns)]
+        tasks = [
+            asyncio.create_task(write()),
+            *(asyncio.create_task(read(c, i)) for i, c in enumerate(conns)),
+        ]
+        tuning = asyncio.create_task(tune())
         try:  # the first failure as it is (a sink's error keeps its type and exit code)
             rows_total, *_ = await asyncio.gather(*tasks)
         except BaseException:
@@ -212,6 +282,8 @@ async def initial_snapshot(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+        finally:
+            tuning.cancel()
         for i in range(len(sinks)):
             tracker.handed(i, point)
         await writer.flush_all()
@@ -227,5 +299,6 @@ async def initial_snapshot(
         rows=rows_total,
         tables=len(tables),
         chunks=len(chunks),
+        readers=tuner.active,  # at the end (snapshot.tune_workers)
         seconds=round(time.monotonic() - started, 3),
     )
