@@ -130,6 +130,20 @@ class ReaderTuner:
         return self.active
 
 
+def take_chunks(chunks: list[TableChunk], index: int, alone: bool) -> tuple[TableChunk, int]:
+    """What a reader reads next from ``chunks[index]``, and the index after it: that chunk;
+    or, ``alone`` (the one reader for good), the rest of its table in one read (a plain scan,
+    one COPY, instead of TID ranges)."""
+    chunk = chunks[index]
+    after = index + 1
+    if alone:
+        while after < len(chunks) and chunks[after].table is chunk.table:
+            after += 1
+        if after > index + 1:
+            chunk = TableChunk(chunk.table, chunk.first, chunks[after - 1].end)
+    return chunk, after
+
+
 #: seconds of reading per measurement of :class:`ReaderTuner`
 _TUNE_WINDOW = 1.0
 
@@ -213,9 +227,10 @@ async def initial_snapshot(
                         await readers.wait_for(my_turn)
                     continue
                 index = next_chunk
-                next_chunk += 1
-                await copy_chunk(conn, chunks[index], partial(queue.put, index), cfg.batch_rows)
-                await queue.finish(index)
+                chunk, next_chunk = take_chunks(chunks, index, tuner.settled and tuner.active == 1)
+                await copy_chunk(conn, chunk, partial(queue.put, index), cfg.batch_rows)
+                for taken in range(index, next_chunk):  # those merged have no rows of their own
+                    await queue.finish(taken)
             async with readers:
                 readers.notify_all()  # the others waiting for their turn: nothing is left
 

@@ -1,11 +1,14 @@
 """How many snapshot workers read at once (cdcd.pipeline.snapshot.ReaderTuner): one more while
-it raises the rate by 5 %, else back to the best count, for good."""
+it raises the rate by 5 %, else back to the best count, for good; and what a reader takes
+(take_chunks): one for good reads the rest of a table in one COPY."""
 
 from __future__ import annotations
 
 import pytest
 
-from cdcd.pipeline.snapshot import ReaderTuner
+from cdcd.decoder.events import Relation
+from cdcd.pipeline.snapshot import ReaderTuner, take_chunks
+from cdcd.source.snapshot import SnapshotTable, TableChunk
 
 
 @pytest.mark.parametrize(
@@ -35,3 +38,25 @@ def test_settles_at_the_most() -> None:
     assert tuner.observe(100) == 2 and not tuner.settled
     assert tuner.observe(300) == 2 and tuner.settled
     assert tuner.observe(1) == 2  # settled: a slow window later changes nothing
+
+
+def _table(name: str) -> SnapshotTable:
+    return SnapshotTable(Relation(None, len(name), "public", name, "d", ()), None)
+
+
+def test_one_reader_for_good_reads_the_rest_of_a_table_at_once() -> None:
+    a, b = _table("a"), _table("b")
+    chunks = [
+        TableChunk(a, None, 10),
+        TableChunk(a, 10, 20),
+        TableChunk(a, 20, None),
+        TableChunk(b, None, None),
+    ]
+    # several readers (or still tuning): chunk by chunk
+    assert take_chunks(chunks, 0, alone=False) == (chunks[0], 1)
+    assert take_chunks(chunks, 1, alone=False) == (chunks[1], 2)
+    # alone: from the chunk on to the table's end, one open range; the next table as it is
+    assert take_chunks(chunks, 0, alone=True) == (TableChunk(a, None, None), 3)
+    assert take_chunks(chunks, 1, alone=True) == (TableChunk(a, 10, None), 3)
+    assert take_chunks(chunks, 2, alone=True) == (chunks[2], 3)
+    assert take_chunks(chunks, 3, alone=True) == (chunks[3], 4)
