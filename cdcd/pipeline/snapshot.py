@@ -64,6 +64,8 @@ class _Chunks:
 
     async def put(self, index: int, rows: list[TupleData], size: int) -> None:
         """Rows of chunk ``index`` and their accounted bytes."""
+        if self.done[index]:  # the writer may have gone past it: fail, never lose them
+            raise RuntimeError(f"snapshot chunk {index}: rows read after it was finished")
         async with self.changed:
             await self.changed.wait_for(
                 lambda: (
@@ -227,9 +229,10 @@ async def initial_snapshot(
                         await readers.wait_for(my_turn)
                     continue
                 index = next_chunk
-                chunk, next_chunk = take_chunks(chunks, index, tuner.settled and tuner.active == 1)
+                chunk, after = take_chunks(chunks, index, tuner.settled and tuner.active == 1)
+                next_chunk = after  # (the other readers move it on while this one reads)
                 await copy_chunk(conn, chunk, partial(queue.put, index), cfg.batch_rows)
-                for taken in range(index, next_chunk):  # those merged have no rows of their own
+                for taken in range(index, after):  # those merged have no rows of their own
                     await queue.finish(taken)
             async with readers:
                 readers.notify_all()  # the others waiting for their turn: nothing is left

@@ -98,3 +98,14 @@ async def test_read_ahead_stays_within_a_number_of_batches() -> None:
     assert await chunks.take(0) is None
     assert await chunks.take(1) is not None  # room again
     await asyncio.wait_for(third, 1)
+
+
+async def test_rows_of_a_finished_chunk_fail_rather_than_vanish() -> None:
+    """A chunk finished while a reader still had rows for it (the writer may have gone past):
+    an error, never rows silently lost (the snapshot is not recorded done, so it is taken
+    again)."""
+    queue = _Chunks(2, 1 << 20, 8)
+    await queue.put(0, _rows(1), 10)
+    await queue.finish(0)
+    with pytest.raises(RuntimeError, match="chunk 0: rows read after it was finished"):
+        await queue.put(0, _rows(1), 10)
