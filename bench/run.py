@@ -563,7 +563,10 @@ def run_snapshot(setup: Setup, slot: str, contender: str) -> Result:
         m = run_measured(cmd, env=cdcd_env(work, False, setup.checkout))
         _check(m, contender)
         stats = orjson.loads((work / "stats.json").read_bytes())
-        return Result(contender, stats["events_by_table"]["public.s1"], m)
+        rows = stats["events_by_table"]["public.s1"]
+        if rows != setup.expected_rows:  # a fast snapshot that lost rows is no result
+            raise RuntimeError(f"{contender} emitted {rows} rows of {setup.expected_rows}")
+        return Result(contender, rows, m)
     finally:
         setup.db.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
