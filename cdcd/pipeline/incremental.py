@@ -233,6 +233,7 @@ class IncrementalSnapshot:
         self._control = _Control(self._open)
         self._idle: list[Any] = []  # worker connections not in use
         self._free = config.snapshot.workers  # worker slots not in use
+        self._reading: list[str] = []  # the tables being read
 
     def request(self, tables: list[str], signal_lsn: int = 0) -> None:
         """Tables asked for (by a signal in the stream at ``signal_lsn``, or at start):
@@ -378,7 +379,7 @@ class IncrementalSnapshot:
         """How many workers table ``name`` may use at once: ``snapshot.workers`` split between
         the tables being read (the first ones get the remainder), so that none waits behind
         another for a worker."""
-        tables = list(self._undurable)
+        tables = self._reading
         workers = self.config.snapshot.workers
         return workers // len(tables) + (tables.index(name) < workers % len(tables))
 
@@ -410,6 +411,13 @@ class IncrementalSnapshot:
         self._free += 1
 
     async def _table(self, name: str) -> None:
+        self._reading.append(name)  # in the order they started (for _share)
+        try:
+            await self._read_table(name)
+        finally:
+            self._reading.remove(name)
+
+    async def _read_table(self, name: str) -> None:
         entry = self.state.tables[name]
         control = self._control
         table = await control.run(self._describe, name)

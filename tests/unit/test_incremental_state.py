@@ -47,3 +47,30 @@ def test_an_unwritable_state_dir_names_the_key(tmp_path: Path) -> None:
     state = IncrementalState(blocker / "sub", "slot")
     with pytest.raises(ConfigError, match=r"snapshot.state_dir .*file/sub"):
         state.request(["public.t"])
+
+
+@pytest.mark.parametrize(
+    ("workers", "reading", "shares"),
+    [
+        (4, ["a"], [4]),
+        (4, ["a", "b", "c"], [2, 1, 1]),  # the first ones take the remainder
+        (4, ["a", "b", "c", "d"], [1, 1, 1, 1]),
+        (5, ["a", "b"], [3, 2]),
+        (1, ["a"], [1]),
+    ],
+)
+def test_tables_read_at_once_share_the_workers(
+    tmp_path: Path, workers: int, reading: list[str], shares: list[int]
+) -> None:
+    config = load_config(write_config(tmp_path, "postgresql://cdc@127.0.0.1:1/db"))
+    snap = IncrementalSnapshot(
+        config.model_copy(
+            update={"snapshot": config.snapshot.model_copy(update={"workers": workers})}
+        ),
+        None,
+        ProgressTracker(1),
+        Stats(),
+    )
+    snap._reading[:] = reading
+    assert [snap._share(name) for name in reading] == shares
+    assert sum(shares) == workers
