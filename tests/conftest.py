@@ -26,6 +26,20 @@ from tests.pgharness import (
 _INSTALLS: list[PgInstall | None] = list(find_installations()) or [None]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``--dist loadgroup`` (scripts/test), tests marked ``xdist_group`` must share a
+    worker (the docker tests share one engine, stopped by the worker that started it).
+    pytest-xdist (3.8) marks them by renaming the items, which pytest 9 ignores: the groups
+    would split and fail at random. Refuse such a run."""
+    if hasattr(config, "workerinput") or config.getoption("dist", None) != "loadgroup":
+        return
+    if int(pytest.__version__.split(".")[0]) >= 9:
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores pytest-xdist's xdist_group marks under "
+            "--dist loadgroup: install pytest<9, as pyproject.toml's test extra says"
+        )
+
+
 @pytest.fixture(
     scope="session",
     params=_INSTALLS,
