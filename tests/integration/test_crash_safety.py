@@ -793,7 +793,11 @@ def test_nontransactional_message_position_is_unique(pg_db: PgDatabase, tmp_path
     assert sorted(e["op"] for e in events) == ["c", "m"]
     assert_no_duplicates(events)
     insert, message = sorted(events, key=lambda e: e["op"])
-    assert message["source"]["lsn"] == insert["source"]["commit_lsn"]  # the case at hand
+    gap = insert["source"]["commit_lsn"] - message["source"]["lsn"]
+    # the case at hand: the commit record right after the message's (the same LSN); or, when
+    # the message's record ends on a WAL page boundary, the next page's header (24 bytes, 40
+    # at a segment's start) between them (seen once in CI)
+    assert gap == 0 or (message["source"]["lsn"] % 8192 == 0 and gap in (24, 40)), gap
     assert position(message) == (message["source"]["lsn"] - 1, 0)
 
 

@@ -170,7 +170,8 @@ def test_snapshot_alongside_a_workload(pg_db: PgDatabase, tmp_path: Path) -> Non
     # watermarks are not published; rows changed inside windows were dropped from chunks
     assert "_messages" not in {p.name for p in (tmp_path / "out").iterdir()}
     (done,) = _log_lines(tmp_path, "incremental snapshot of table done")
-    assert done["dropped"] > 0, done
+    # whether a change lands inside a window is up to timing (none did once in CI, on 15):
+    # the dropping itself is covered without timing in tests/unit/test_watermarks.py
     assert len(reads) + done["dropped"] >= ROWS * 0.8, (len(reads), done)
 
 
