@@ -307,7 +307,7 @@ class IncrementalSnapshot:
                             error=str(failure),
                         )
                         not_before = time.monotonic() + backoff
-                        backoff = min(backoff * 2, 10.0)
+                        backoff = _longer(backoff)
                     else:
                         raise failure
         finally:
@@ -679,8 +679,13 @@ NO_KEY = (
 
 
 async def _pause(backoff: float) -> float:
-    """Wait ``backoff`` seconds after a lost connection; the next, doubled, wait (at most 10 s)."""
+    """Wait ``backoff`` seconds after a lost connection; the next wait (:func:`_longer`)."""
     await asyncio.sleep(backoff)
+    return _longer(backoff)
+
+
+def _longer(backoff: float) -> float:
+    """The wait after ``backoff`` for the next lost connection: doubled, at most 10 s."""
     return min(backoff * 2, 10.0)
 
 

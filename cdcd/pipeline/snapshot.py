@@ -107,11 +107,11 @@ class ReaderTuner:
     process: decoding, encoding, writing), they only add server backends competing for the
     same cores and interleaved streams, and make it slower (README "Initial snapshot")."""
 
-    def __init__(self, most: int, gain: float = 1.05) -> None:
+    def __init__(self, most: int, gain: float = 1.05, *, tune: bool = True) -> None:
         self.most = most
         self.gain = gain
-        self.active = 1
-        self.settled = most <= 1
+        self.active = 1 if tune else most  # not tuned (snapshot.tune_workers off): all of them
+        self.settled = most <= 1 or not tune
         self._best_rate = 0.0
         self._best = 1
 
@@ -211,10 +211,7 @@ async def initial_snapshot(
         queue = _Chunks(len(chunks), config.buffer.memory_limit // 2, 2 * cfg.workers)
         next_chunk = 0
         written = 0  # rows handed to the sinks, for the tuner
-        tuner = ReaderTuner(min(cfg.workers, len(chunks)))
-        if not cfg.tune_workers:
-            tuner.active = tuner.most
-            tuner.settled = True
+        tuner = ReaderTuner(min(cfg.workers, len(chunks)), tune=cfg.tune_workers)
         readers = asyncio.Condition()  # tuner.active changed
 
         async def read(conn: Any, number: int) -> None:

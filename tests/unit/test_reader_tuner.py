@@ -33,6 +33,12 @@ def test_readers_follow_the_rate(most: int, rates: list[float], counts: list[int
     assert tuner.settled or counts[-1] < most
 
 
+def test_not_tuned_reads_with_all_at_once() -> None:
+    tuner = ReaderTuner(4, tune=False)
+    assert tuner.active == 4 and tuner.settled
+    assert tuner.observe(1) == 4
+
+
 def test_settles_at_the_most() -> None:
     tuner = ReaderTuner(2)
     assert tuner.observe(100) == 2 and not tuner.settled
