@@ -55,10 +55,13 @@ def is_compiled(module: ModuleType) -> bool:
     return not str(getattr(module, "__file__", "")).endswith(".py")
 
 
-def forms() -> dict[str, Form]:
-    """Module name -> the form this process imported it in (importing it if needed)."""
+def forms(*, imported_only: bool = False) -> dict[str, Form]:
+    """Module name -> the form this process imported it in (importing it if needed;
+    ``imported_only``: only the modules this process has imported, importing none)."""
     found: dict[str, Form] = {}
     for name in COMPILED_MODULES:
+        if imported_only and name not in sys.modules:
+            continue
         module = importlib.import_module(name)
         form = IMPORTED.get(name)
         if form is None:  # imported before the finder was installed
@@ -70,9 +73,12 @@ def forms() -> dict[str, Form]:
     return found
 
 
-def status() -> dict[str, bool]:
-    """Module name -> whether this process runs its compiled form."""
-    return {name: form.kind == "compiled" for name, form in forms().items()}
+def status(*, imported_only: bool = False) -> dict[str, bool]:
+    """Module name -> whether this process runs its compiled form (``imported_only``: of the
+    modules it has imported: asking imports nothing, e.g. no Kafka client for a file sink)."""
+    return {
+        name: form.kind == "compiled" for name, form in forms(imported_only=imported_only).items()
+    }
 
 
 def describe(form: Form) -> str:

@@ -133,7 +133,9 @@ class Reader:
             streaming=opts.streaming,
             options=opts.options,
             server_version=client.server_version,
-            fast_paths="compiled" if all(accel.status().values()) else "pure Python",
+            fast_paths="compiled"
+            if all(accel.status(imported_only=True).values())
+            else "pure Python",
         )
         endpos = self.endpos
         catalog = self.catalog

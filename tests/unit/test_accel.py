@@ -228,3 +228,19 @@ def test_clean_removes_the_compiled_files_and_their_records(tmp_path: Path) -> N
     assert left == []
     status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
     assert set(status.values()) == {"pure Python (no compiled extension)"}
+
+
+def test_status_of_the_imported_modules_imports_nothing() -> None:
+    """The daemon's "streaming" log line asks about the modules in use only: asking must not
+    import the others (the Kafka ones would import aiokafka into a file-sink process)."""
+    code = (
+        "import sys; from cdcd import accel; import cdcd.decoder.tuples; "
+        "found = accel.status(imported_only=True); "
+        "print(sorted(found), 'cdcd.sinks.kafka_batches' in sys.modules, 'aiokafka' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.split("]")
+    assert "'cdcd.decoder.tuples'" in out[0]
+    assert "cdcd.sinks.kafka_batches" not in out[0]
+    assert out[1].split() == ["False", "False"]
