@@ -61,9 +61,12 @@ a JSON array), then a table. Keys: workload, contender, rows, seconds, rows_per_
 wal_mb_per_s, peak_rss_mb, ratio_vs_pg_recvlogical, ratio_vs_psycopg2_pypgoutput,
 server_version, plus cpu_seconds, cpu_us_per_row (the contender's CPU per row), runs_seconds,
 streaming, and where they apply p50_ms/p99_ms/max_ms,
-spilled_bytes, memory_limit_mb. ``rows`` counts row changes: the peer's count of I/U/D
+spilled_bytes, memory_limit_mb, and cdcd_commit / cdcd_dirty (the commit measured, and whether
+its ``cdcd/`` had uncommitted changes). ``rows`` counts row changes: the peer's count of I/U/D
 messages, cdcd's events (``CDCD_BENCH_STATS``), and for pg_recvlogical (which writes opaque
-bytes) the count the workload reports.
+bytes) the count the workload reports. A cdcd contender whose count differs from the workload's
+fails the run, as does an edit to ``cdcd/`` while the benchmark runs (each contender would run
+other code); cdcd's modules are compiled to bytecode first, as an installed wheel has them.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -534,7 +538,10 @@ def run_cdcd(setup: Setup, slot: str, contender: str) -> Result:
         )
         env = cdcd_env(work, False, setup.checkout)
         m = run_measured([*cmd, "--endpos", setup.end_lsn], env=env, cwd=setup.checkout)
-        return cdcd_result(setup, contender, work, m)
+        result = cdcd_result(setup, contender, work, m)
+        if result.rows != setup.expected_rows:  # a fast run that lost (or doubled) rows
+            raise RuntimeError(f"{contender} emitted {result.rows} rows of {setup.expected_rows}")
+        return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -757,11 +764,60 @@ class WalsenderCpu:
                     self.seconds = (int(fields[11]) + int(fields[12])) / tick
 
 
+def prepare_checkout(checkout: Path) -> dict[str, Any]:
+    """Compile the checkout's cdcd to bytecode, as installing a wheel does (otherwise, with
+    ``PYTHONDONTWRITEBYTECODE`` set or ``__pycache__`` not writable, every contender would
+    compile each module from source at start-up, about 70 ms here), and record which commit it
+    is and whether its ``cdcd/`` differs from it. Its fingerprint is checked before every run
+    (:func:`check_checkout`)."""
+    git = ["git", "-C", str(checkout)]
+    commit = subprocess.run(
+        [*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    changed = subprocess.run(
+        [*git, "status", "--porcelain", "--", "cdcd"], capture_output=True, text=True
+    ).stdout.strip()
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(checkout / "cdcd")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    _FINGERPRINTS[checkout] = fingerprint(checkout)
+    return {"commit": commit or None, "dirty": bool(changed)}
+
+
+_FINGERPRINTS: dict[Path, str] = {}
+
+
+def fingerprint(checkout: Path) -> str:
+    """Every file of the checkout's ``cdcd/`` package (bytecode caches apart): path, size and
+    modification time."""
+    digest = hashlib.sha256()
+    for path in sorted((checkout / "cdcd").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            st = path.stat()
+            digest.update(f"{path}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def check_checkout(checkout: Path) -> None:
+    """Refuse to go on when the cdcd a contender runs changed since the run began: the
+    contenders would run different code (an edit in the checkout while the benchmark runs)."""
+    known = _FINGERPRINTS.get(checkout)
+    if known is not None and fingerprint(checkout) != known:
+        raise RuntimeError(
+            f"{checkout / 'cdcd'} changed while the benchmark ran: the contenders would run "
+            "different code; run the benchmark from a checkout nobody edits (git worktree add)"
+        )
+
+
 def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
     if contender.startswith("base_"):  # --baseline: the same contender, another checkout's cdcd
         result = _run_contender(replace(setup, checkout=setup.baseline), contender[5:], slot)
         result.contender = contender
         return result
+    if contender.startswith("cdcd_"):
+        check_checkout(setup.checkout)
     if contender in SNAPSHOT_CONTENDERS:
         return run_snapshot(setup, slot, contender)
     if contender == "pg_recvlogical":
@@ -778,6 +834,7 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
 def run_live(setup: Setup, contenders: list[str]) -> list[Result]:
     """W4: cdcd runs during the load; stopped (SIGTERM) once its slot confirmed the end."""
     procs = []
+    check_checkout(setup.checkout)
     with contextlib.ExitStack() as stack:
         if "cdcd_kafka" in contenders:
             setup.kafka = stack.enter_context(kafka_broker())
@@ -1024,6 +1081,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.peer.exists():
         log(f"peer script {args.peer} not found: skipping the psycopg2 contenders")
         wanted = [c for c in wanted if not c.startswith("psycopg2_")]
+    checkout = prepare_checkout(REPO)
+    if args.baseline is not None:
+        prepare_checkout(args.baseline)
+    log(
+        f"cdcd at {checkout['commit']}" + (" with uncommitted changes" if checkout["dirty"] else "")
+    )
     all_rows: list[dict[str, Any]] = []
     for major in (int(m) for m in args.pg.split(",") if m):
         install = get_installation(major)
@@ -1043,6 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rows = run_workload(cluster, wl, args, contenders)
                 for row in rows:
+                    row["cdcd_commit"], row["cdcd_dirty"] = checkout["commit"], checkout["dirty"]
                     print(orjson.dumps(row).decode(), flush=True)
                 all_rows.extend(rows)
                 if args.json:

@@ -2,7 +2,8 @@
 
 Runs the real harness (a real PostgreSQL, pg_recvlogical, the psycopg2 peer, cdcd with every
 sink, a tansu broker) and checks its JSON: every contender reports each workload, with the same
-positive number of rows. No timing assertion: this only proves the harness works.
+positive number of rows (the harness itself fails a cdcd contender whose count differs
+from the workload's), and the commit measured. No timing assertion: this only proves the harness works.
 """
 
 from __future__ import annotations
@@ -66,3 +67,4 @@ def test_bench_quick(tmp_path: Path) -> None:
         for r in rows.values():
             assert r["server_version"].startswith(str(installs[0].major))
             assert r["seconds"] > 0 and r["rows_per_s"] > 0 and r["peak_rss_mb"] > 0
+            assert r["cdcd_commit"], "each result names the commit it measured"

@@ -1,0 +1,43 @@
+"""The benchmark refuses to mix versions: an edit to the cdcd it runs, made while it runs, stops
+it (bench/run.py ``check_checkout``), and each result names the commit it measured."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import run
+
+
+def _checkout(tmp_path: Path) -> Path:
+    (tmp_path / "cdcd" / "sub").mkdir(parents=True)
+    (tmp_path / "cdcd" / "__init__.py").write_text("")
+    (tmp_path / "cdcd" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "cdcd" / "sub" / "mod.py").write_text("X = 1\n")
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t")
+    env["GIT_COMMITTER_EMAIL"] = "t@t"
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "x"]):
+        subprocess.run(["git", "-C", str(tmp_path), *cmd], check=True, env=env)
+    return tmp_path
+
+
+def test_an_edit_during_the_run_stops_it(tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    state = run.prepare_checkout(checkout)
+    assert state["commit"] and not state["dirty"]
+    assert list((checkout / "cdcd" / "sub" / "__pycache__").glob("mod.*.pyc"))  # compiled
+    run.check_checkout(checkout)  # unchanged: goes on
+    (checkout / "cdcd" / "sub" / "mod.py").write_text("X = 22\n")
+    with pytest.raises(RuntimeError, match="changed while the benchmark ran"):
+        run.check_checkout(checkout)
+
+
+def test_uncommitted_changes_are_reported(tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    (checkout / "cdcd" / "new.py").write_text("Y = 2\n")
+    state = run.prepare_checkout(checkout)
+    assert state["dirty"]
+    run.check_checkout(checkout)  # the state at the start is what counts
