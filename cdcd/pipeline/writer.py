@@ -346,16 +346,25 @@ class Writer:
             stats.count(table, op, n)
 
     def _count_changes(self, records: list[ChangeRecord]) -> None:
-        """:meth:`_count` without events: per change (an Update of the key counts as ``u``)."""
+        """:meth:`_count` without events: per change (an Update of the key counts as ``u``),
+        summed over the batch first (by Relation object: the changes of one table share it)."""
         stats = self._stats
         stats.events += len(records)
+        counts: dict[tuple[int, str], list[Any]] = {}
         for record in records:
             op = _CHANGE_OPS[type(record.change)]
             if op == "m":
                 stats.count("_messages", "m")
                 continue
             for rel in record.relations:  # one for a row change, each table for a Truncate
-                stats.count(f"{schema_name(rel)}.{rel.name}", op)
+                key = (id(rel), op)  # the records keep their Relations alive meanwhile
+                entry = counts.get(key)
+                if entry is None:
+                    counts[key] = [rel, 1]
+                else:
+                    entry[1] += 1
+        for (_, op), (rel, n) in counts.items():
+            stats.count(f"{schema_name(rel)}.{rel.name}", op, n)
 
     # -- one task per sink -------------------------------------------------------------------
 
@@ -399,10 +408,11 @@ class Writer:
                 await self._maybe_flush(i, idle=idle, quiet=False)
 
     async def _maybe_flush(self, i: int, *, idle: bool, quiet: bool) -> None:
-        if not self._tracker.pending(i):
-            self._tracker.durable(i, self.sinks[i].durable_lsn())
-            if not self._tracker.pending(i):
-                return
+        tracker = self._tracker
+        if tracker.pending(i):  # a sink durable at commit (null), or acknowledged (Kafka)
+            tracker.durable(i, self.sinks[i].durable_lsn())
+        if not tracker.pending(i):  # nothing to flush
+            return
         if self._flush_wanted[i]:
             self._flush_wanted[i] = False
             await self._flush(i)

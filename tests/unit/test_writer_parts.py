@@ -15,7 +15,7 @@ from cdcd.sinks.memory import MemorySink
 from cdcd.sinks.null import NullSink
 from cdcd.stats import Stats
 from tests.unit.sink_fixtures import CONTEXT, encoder
-from tests.unit.test_assembler import OID_A, relation
+from tests.unit.test_assembler import OID_A, OID_B, relation
 
 
 def parts_of_one_transaction(rows: int) -> list[Transaction]:
@@ -82,3 +82,43 @@ async def test_parts_pass_a_queue_of_one() -> None:
     await write_all([memory, null], parts, max_transactions=1, memory_limit=1)
     assert len(memory.positions()) == 63 and null.stats() == {"events": 63, "transactions": 1}
     assert memory.durable_lsn() == null.durable_lsn() == 0x900008
+
+
+async def test_a_sink_durable_at_commit_is_not_flushed_per_transaction() -> None:
+    """The null sink holds a transaction durably once committed: the writer learns that from
+    the sink, and flushes it only when something is still not durable (here: never)."""
+    flushes = 0
+
+    class CountingNull(NullSink):
+        async def flush(self) -> None:
+            nonlocal flushes
+            flushes += 1
+
+    txns = []
+    for n in range(50):
+        asm = Assembler()
+        lsn = 0x1000 + n * 0x100
+        for msg in (
+            relation(OID_A),
+            relation(OID_B),
+            Begin(lsn + 0x80, lsn, 100 + n),
+            Insert(None, OID_A, TupleData(b"tt", (b"%d" % n, b"x"))),
+            Insert(None, OID_B, TupleData(b"tt", (b"%d" % n, b"x"))),
+            Update(None, OID_A, None, None, TupleData(b"tt", (b"%d" % n, b"y"))),
+            Commit(0, lsn + 0x80, lsn + 0x88, lsn),
+        ):
+            lsn += 8
+            txn = asm.feed(msg, lsn)
+            if txn is not None:
+                txns.append(txn)
+    sink = CountingNull(NullSink.Config(), CONTEXT)
+    writer = await write_all([sink], txns)
+    assert sink.transactions == 50
+    assert writer._tracker.durable_lsn() == txns[-1].end_lsn
+    assert flushes == 0
+    assert writer._stats.events == 150
+    assert writer._stats.events_by == {
+        (f"public.t{OID_A}", "c"): 50,
+        (f"public.t{OID_A}", "u"): 50,
+        (f"public.t{OID_B}", "c"): 50,
+    }
