@@ -1082,8 +1082,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"peer script {args.peer} not found: skipping the psycopg2 contenders")
         wanted = [c for c in wanted if not c.startswith("psycopg2_")]
     checkout = prepare_checkout(REPO)
-    if args.baseline is not None:
-        prepare_checkout(args.baseline)
+    baseline = checkout if args.baseline is None else prepare_checkout(args.baseline)
     log(
         f"cdcd at {checkout['commit']}" + (" with uncommitted changes" if checkout["dirty"] else "")
     )
@@ -1106,7 +1105,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rows = run_workload(cluster, wl, args, contenders)
                 for row in rows:
-                    row["cdcd_commit"], row["cdcd_dirty"] = checkout["commit"], checkout["dirty"]
+                    measured = baseline if row["contender"].startswith("base_") else checkout
+                    row["cdcd_commit"], row["cdcd_dirty"] = measured["commit"], measured["dirty"]
                     print(orjson.dumps(row).decode(), flush=True)
                 all_rows.extend(rows)
                 if args.json:

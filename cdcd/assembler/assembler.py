@@ -60,6 +60,7 @@ DEFAULT_MEMORY_LIMIT: Final = 256 << 20
 _OID: Final = struct.Struct("!I")  # pgoutput change header: relation OID
 _XID_OID: Final = struct.Struct("!II")  # inside a stream block: xid, relation OID
 _CHANGE_TAGS: Final = (b"I", b"U", b"D")  # pgoutput Insert, Update, Delete
+_RUN_TAGS: Final = (b"I", b"U", b"D", b"B", b"C")  # those, Begin and Commit: feed_run's
 
 _BufferKind = Literal["regular", "prepare", "stream"]
 
@@ -515,15 +516,16 @@ class Assembler:
         decode: Callable[[bytes, int], PgOutputMessage],
         streamed: bool,
     ) -> tuple[int, int, int, Transaction | None]:
-        """Feed the Inserts, Updates and Deletes at ``batch[start:]``, as many as come in a row:
-        the reader's per-message loop, run here in compiled code. ``batch`` holds XLogData as
-        ``(wal_start, wal_end, send_time, data)`` tuples (the replication client's batches);
-        anything else ends the run, as does any other message (left for the caller). Each
-        change is taken undecoded (:meth:`feed_undecoded`) or decoded with ``decode`` and
-        :meth:`feed` with its bytes; the run stops after a change whose feeding releases a part
-        of its transaction. Returns how many items it took, their bytes, their highest
-        ``wal_end`` (0 when none) and the part released (or None). ``streamed``: the decoder's
-        state, which only Stream Start and Stop change, and those end a run."""
+        """Feed the Begins, Inserts, Updates, Deletes and Commits at ``batch[start:]``, as many
+        as come in a row: the reader's per-message loop, run here in compiled code. ``batch``
+        holds XLogData as ``(wal_start, wal_end, send_time, data)`` tuples (the replication
+        client's batches); anything else ends the run, as does any other message (left for the
+        caller: none of these needs the caller's attention before it is fed). Each change is
+        taken undecoded (:meth:`feed_undecoded`) or decoded with ``decode`` and :meth:`feed`
+        with its bytes, as are Begin and Commit; the run stops after a message whose feeding
+        releases a transaction or a part of one. Returns how many items it took, their bytes,
+        their highest ``wal_end`` (0 when none) and what was released (or None). ``streamed``:
+        the decoder's state, which only Stream Start and Stop change, and those end a run."""
         taken = start
         size = 0
         wal = 0
@@ -533,7 +535,8 @@ class Assembler:
             if not isinstance(item, tuple):
                 break
             data: bytes = item[3]
-            if data[:1] not in _CHANGE_TAGS:
+            tag = data[:1]
+            if tag not in _RUN_TAGS:
                 break
             lsn: int = item[0]
             wal_end: int = item[1]
@@ -541,7 +544,7 @@ class Assembler:
             size += len(data)
             if wal_end > wal:
                 wal = wal_end
-            if self._take_undecoded(data, lsn, streamed):
+            if tag in _CHANGE_TAGS and self._take_undecoded(data, lsn, streamed):
                 continue
             txn = self.feed(decode(data, lsn), lsn, data)
             if txn is not None:

@@ -10,10 +10,11 @@ never in neither the assembler nor the tracker), and, once a whole batch has bee
 far the session has streamed. A transaction whose end LSN was queued before is a resend after a
 reconnect and is dropped. A transaction committed past ``--endpos`` ends the session.
 
-Inserts, updates and deletes that come in a row are fed in one compiled call
-(``Assembler.feed_run``): those of a large transaction that the assembler keeps in compact form
-undecoded (decoded once, when the transaction is released), the others decoded and fed; every
-other message goes through the loop here, one by one.
+Begins, inserts, updates, deletes and commits that come in a row are fed in one compiled call
+(``Assembler.feed_run``): the changes of a large transaction that the assembler keeps in compact
+form undecoded (decoded once, when the transaction is released), the rest decoded and fed; the
+call returns at each transaction (or part) released. Every other message (Relation, Type,
+logical messages, streaming and two-phase ones, Origin) goes through the loop here, one by one.
 
 A regular transaction is handed to the writer in parts while it arrives (docs/assembler.md,
 "Parts"), except past ``--endpos``, when it is a resend of one queued earlier, or while an
@@ -153,10 +154,11 @@ class Reader:
             while position < size:
                 item = batch[position]
                 if type(item) is tuple:
-                    # Inserts, updates and deletes, as many as come in a row, fed in one call
-                    # (compiled): taken undecoded into a transaction in spill format (decoded
-                    # when released), else decoded and fed; the run ends early where feeding
-                    # releases a part of the transaction (docs/assembler.md, "Parts")
+                    # Begins, inserts, updates, deletes and commits, as many as come in a row,
+                    # fed in one call (compiled): changes taken undecoded into a transaction in
+                    # spill format (decoded when released), else decoded and fed; the run ends
+                    # where feeding releases a transaction or a part of one (docs/assembler.md,
+                    # "Parts")
                     try:
                         run, nbytes, wal_end, txn = assembler.feed_run(
                             batch, position, decoder.decode, decoder.in_stream
