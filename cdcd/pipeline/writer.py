@@ -15,7 +15,8 @@
   from part to part, and one ``commit`` (with the last part, which carries the end LSN). Each
   part counts against the limits above like a transaction, and is released on its own.
 * Events are built once and shared: a window of at most ``window`` items (begin, a batch of
-  events, commit) that each sink's task reads in order. The sink task that runs out of items
+  events, commit; or a whole small transaction, at most ``_WHOLE_CHANGES`` changes, as one
+  item: its begin, batches and commit) that each sink's task reads in order. The sink task that runs out of items
   builds the next one itself (no task of its own, so one sink costs no task switch per item).
   A slow or retrying sink holds the others back only when it is a whole window behind; the
   confirmable position is the minimum of the sinks' durable positions
@@ -56,7 +57,10 @@ log = structlog.get_logger("cdcd.writer")
 
 T = TypeVar("T")
 
-_BEGIN, _WRITE, _COMMIT, _END, _PART = range(5)  # _PART: a part other than the last is over
+_BEGIN, _WRITE, _COMMIT, _END, _PART, _WHOLE = range(6)  # _PART: a part other than the last
+#: is over; _WHOLE: a small transaction in one item, (txn, batches): begin, write each, commit
+#: transactions of at most this many changes are one _WHOLE item (not begin, batches, commit)
+_WHOLE_CHANGES = 1000
 #: seconds a sink task waits for work before it looks at flushing again
 _IDLE_TICK = 0.1
 #: seconds between two looks at the sinks' buffers while they hold reading back
@@ -130,7 +134,9 @@ class _Window:
             kind, payload = items.popleft()
             self._base += 1
             dropped = True
-            if kind in (_COMMIT, _PART):
+            if kind == _WHOLE:
+                self._on_dropped(_COMMIT, payload[0])
+            elif kind in (_COMMIT, _PART):
                 self._on_dropped(kind, payload)
         return dropped
 
@@ -283,6 +289,17 @@ class Writer:
         if txn is None:
             yield (_END, None)
             return
+        if txn.begins and txn.ends and txn.size <= _WHOLE_CHANGES:
+            self._cursor = None
+            if self._events_wanted:
+                batches: list[Any] = list(self._encoder.batches(txn))
+                self._count(sum(map(len, batches)))
+            else:
+                batches = list(_record_batches(txn))
+                for records in batches:
+                    self._count_changes(records)
+            yield (_WHOLE, (txn, batches))
+            return
         if txn.begins:
             self._cursor = None if txn.ends else EventCursor()
             yield (_BEGIN, txn)
@@ -391,15 +408,25 @@ class Writer:
                 await asyncio.sleep(0)
                 continue
             t0 = time.perf_counter()
-            method = write if kind == _WRITE else sink.begin if kind == _BEGIN else sink.commit
-            try:
-                await method(payload)
-            except TransientSinkError as exc:  # again after a backoff, until it passes
-                await retrying(partial(method, payload), method.__name__, stats, exc)
+            if kind == _WHOLE:
+                payload, batches = payload
+                calls: tuple[tuple[Callable[[Any], Awaitable[None]], Any], ...] = (
+                    (sink.begin, payload),
+                    *((write, batch) for batch in batches),
+                    (sink.commit, payload),
+                )
+            else:
+                method = write if kind == _WRITE else sink.begin if kind == _BEGIN else sink.commit
+                calls = ((method, payload),)
+            for call, arg in calls:
+                try:
+                    await call(arg)
+                except TransientSinkError as exc:  # again after a backoff, until it passes
+                    await retrying(partial(call, arg), call.__name__, stats, exc)
             spent += time.perf_counter() - t0
             if window.advance(i):
                 self._progress.set()
-            if kind == _COMMIT:
+            if kind in (_COMMIT, _WHOLE):
                 stats.write_seconds.observe(spent)
                 spent = 0.0
                 self._tracker.handed(i, payload.end_lsn)

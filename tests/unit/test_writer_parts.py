@@ -122,3 +122,41 @@ async def test_a_sink_durable_at_commit_is_not_flushed_per_transaction() -> None
         (f"public.t{OID_A}", "u"): 50,
         (f"public.t{OID_B}", "c"): 50,
     }
+
+
+async def test_a_transient_failure_in_a_small_transaction_retries_that_call_only() -> None:
+    """A small transaction is one item of the window (begin, its batches, commit): a
+    TransientSinkError from any of the three calls repeats that call alone, so the sink sees
+    each begin, event and commit once."""
+    from cdcd.errors import TransientSinkError
+
+    failing = {"begin", "write", "commit"}
+
+    class Flaky(MemorySink):
+        async def begin(self, txn: Transaction) -> None:
+            if "begin" in failing:
+                failing.discard("begin")
+                raise TransientSinkError("begin")
+            await super().begin(txn)
+
+        async def write(self, events):  # type: ignore[no-untyped-def]
+            if "write" in failing:
+                failing.discard("write")
+                raise TransientSinkError("write")
+            await super().write(events)
+
+        async def commit(self, txn: Transaction) -> None:
+            if "commit" in failing:
+                failing.discard("commit")
+                raise TransientSinkError("commit")
+            await super().commit(txn)
+
+    parts = parts_of_one_transaction(3)
+    assert len(parts) == 1 and parts[0].begins and parts[0].ends  # small: one item
+    sink = Flaky(MemorySink.Config(), CONTEXT)
+    writer = await write_all([sink], parts)
+    events = 3 + 2 + 1
+    assert sink.positions() == [(0x900000, seq) for seq in range(events)]
+    assert sink.transactions == [(7, 0x900000, 0x900008, events)]
+    assert writer._stats.sinks[0].retries == 3
+    assert not failing
