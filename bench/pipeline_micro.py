@@ -88,7 +88,7 @@ def run(
     if "plain_insert" in general:
         from cdcd.assembler import spill as spill_module
 
-        spill_module.plain_insert = lambda buf, start, stop: None  # type: ignore[assignment]
+        spill_module.plain_insert = lambda buf, start, stop, streamed=False: None  # type: ignore[assignment]
     from cdcd.wire.session import CopyData
 
     def copy_data(session: Session) -> list[bytes]:

@@ -381,7 +381,7 @@ def _decode(buf: bytes, start: int, stop: int, rels: tuple[Relation, ...]) -> Ch
     xid = raw_xid if has_xid else None
     change: Change | None
     if tag == _TAG_RAW:
-        change = None if has_xid else plain_insert(buf, pos, stop)
+        change = plain_insert(buf, pos, stop, bool(has_xid))
         if change is None:
             change = decode_change(buf[pos:stop], lsn, streamed=bool(has_xid))
     elif tag == _TAG_TRUNCATE:

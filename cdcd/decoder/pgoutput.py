@@ -506,22 +506,25 @@ _REDECODERS: Final = (PgOutputDecoder(1), PgOutputDecoder(2))
 _REDECODERS[1]._in_stream = True  # inside a stream block: changes carry their xid
 
 
-def plain_insert(buf: bytes, start: int, stop: int) -> Insert | None:
-    """The Insert in ``buf[start:stop]`` if it is a well-formed one from outside a stream
-    block, else None (then :func:`decode_change` decodes it, or says what is wrong).
+def plain_insert(buf: bytes, start: int, stop: int, streamed: bool = False) -> Insert | None:
+    """The Insert in ``buf[start:stop]`` if it is a well-formed one, else None (then
+    :func:`decode_change` decodes it, or says what is wrong). ``streamed``: received inside a
+    stream block, so with the transaction's xid after the tag.
 
     The fast path of reading spilled changes back: no copy of the message, no dispatch.
     """
-    if stop - start < 8 or buf[start] != _INSERT or buf[start + 5] != _PART_N:
+    head = 5 if streamed else 1  # the relation OID's offset
+    if stop - start < head + 7 or buf[start] != _INSERT or buf[start + head + 4] != _PART_N:
         return None
     try:
-        kinds, values, end = parse_tuple(buf, start + 6)
+        kinds, values, end = parse_tuple(buf, start + head + 5)
     except (IndexError, BadKind):
         return None
     if end != stop:
         return None
-    (oid,) = _U32.unpack_from(buf, start + 1)
-    return Insert(None, oid, TupleData(kinds, values))
+    (oid,) = _U32.unpack_from(buf, start + head)
+    xid: int | None = _U32.unpack_from(buf, start + 1)[0] if streamed else None
+    return Insert(xid, oid, TupleData(kinds, values))
 
 
 def decode_change(data: bytes, lsn: int, *, streamed: bool) -> Insert | Update | Delete:

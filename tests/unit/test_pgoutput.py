@@ -674,6 +674,12 @@ def test_plain_insert_reads_in_place_or_leaves_it_to_decode_change() -> None:
         if why != "an update":
             with pytest.raises(RemoteProtocolError):
                 decode_change(data, 0x10, streamed=False)
+    # inside a stream block: the xid follows the tag
+    streamed = b"I" + struct.pack("!I", 9) + plain[1:]
+    got = plain_insert(b"ab" + streamed, 2, 2 + len(streamed), True)
+    assert got == decode_change(streamed, 0x10, streamed=True)
+    assert got == Insert(9, 16384, TupleData(b"tn", (b"7", None)))
+    assert plain_insert(streamed[:-1], 0, len(streamed) - 1, True) is None  # truncated
 
 
 @settings(max_examples=300, deadline=None)
@@ -689,19 +695,28 @@ def test_plain_insert_reads_in_place_or_leaves_it_to_decode_change() -> None:
     ),
     before=st.binary(max_size=8),
     after=st.binary(max_size=8),
+    xid=st.none() | st.integers(min_value=0, max_value=2**32 - 1),
 )
 def test_plain_insert_equals_decode_change_on_generated_inserts(
-    oid: int, columns: list[tuple[bytes, bytes | None]], before: bytes, after: bytes
+    oid: int,
+    columns: list[tuple[bytes, bytes | None]],
+    before: bytes,
+    after: bytes,
+    xid: int | None,
 ) -> None:
     """The fast path and the general one agree on any well-formed Insert, wherever it sits in
-    a larger buffer (the spill read-back's case)."""
+    a larger buffer (the spill read-back's case), from outside a stream block or inside one
+    (``xid``: with the transaction's xid after the tag)."""
     from cdcd.decoder.pgoutput import decode_change, plain_insert
 
     body = struct.pack("!H", len(columns))
     for kind, value in columns:
         body += kind + (b"" if value is None else struct.pack("!I", len(value)) + value)
-    message = b"I" + struct.pack("!I", oid) + b"N" + body
+    streamed = xid is not None
+    message = b"I" + (struct.pack("!I", xid) if streamed else b"") + struct.pack("!I", oid)
+    message += b"N" + body
     buf = before + message + after
-    fast = plain_insert(buf, len(before), len(before) + len(message))
+    fast = plain_insert(buf, len(before), len(before) + len(message), streamed)
     assert fast is not None
-    assert fast == decode_change(message, 0x10, streamed=False)
+    assert fast == decode_change(message, 0x10, streamed=streamed)
+    assert fast.xid == xid
