@@ -430,18 +430,18 @@ def validate_sink(
     item: Any, loc: tuple[str | int, ...], config_dir: Path | None = None
 ) -> BaseModel | list[str]:
     """The validated ``Config`` of one sink section, or the problems found."""
-    types_hint = sink_types_hint()
+    # the hint lists the installed sink plugins (entry points): looked up only to report
     if not isinstance(item, Mapping):
         return [problem_line(loc, "a sink section must be a mapping with a 'type' key", item, None)]
     if "type" not in item:
-        return [f"{key_path((*loc, 'type'))}: required key is missing ({types_hint})"]
+        return [f"{key_path((*loc, 'type'))}: required key is missing ({sink_types_hint()})"]
     type_name = item["type"]
     if not isinstance(type_name, str):
-        return [problem_line((*loc, "type"), "unknown sink type", type_name, types_hint)]
+        return [problem_line((*loc, "type"), "unknown sink type", type_name, sink_types_hint())]
     try:
         cls = load_sink_class(type_name)
     except ConfigError:
-        return [problem_line((*loc, "type"), "unknown sink type", type_name, types_hint)]
+        return [problem_line((*loc, "type"), "unknown sink type", type_name, sink_types_hint())]
     except Exception as exc:  # the sink's module failed to import: say which and why
         return [f"{key_path((*loc, 'type'))}: sink {type_name!r} cannot be loaded: {exc}"]
     rest = {key: value for key, value in item.items() if key != "type"}
