@@ -351,7 +351,7 @@ def _records(
     chunks: Iterator[bytes], rels: tuple[Relation, ...], where: str
 ) -> Iterator[ChangeRecord]:
     """The records of a stream given as consecutive chunks (a record may span chunks)."""
-    unpack_len = _U32.unpack_from
+    singles = tuple((rel,) for rel in rels)  # the relations of a one-table record, shared
     chunk = b""
     pos = 0
     for more in chunks:
@@ -359,22 +359,42 @@ def _records(
         pos = 0
         end = len(chunk)
         while pos + 4 <= end:
-            (length,) = unpack_len(chunk, pos)
+            length = _u32le(chunk, pos)
             stop = pos + 4 + length
             if stop > end:
                 break
-            yield _decode(chunk, pos + 4, stop, rels)
+            yield _decode(chunk, pos + 4, stop, rels, singles)
             pos = stop
     if pos != len(chunk):
         raise ValueError(f"{where} is truncated")
 
 
-def _decode(buf: bytes, start: int, stop: int, rels: tuple[Relation, ...]) -> ChangeRecord:
-    """The record whose body is ``buf[start:stop]``."""
-    tag, lsn, has_xid, raw_xid, nrel = _HEAD.unpack_from(buf, start)
+def _u32le(buf: bytes, pos: int) -> int:
+    """The little-endian u32 at ``pos`` (byte by byte: no struct call)."""
+    return buf[pos] | (buf[pos + 1] << 8) | (buf[pos + 2] << 16) | (buf[pos + 3] << 24)
+
+
+def _decode(
+    buf: bytes,
+    start: int,
+    stop: int,
+    rels: tuple[Relation, ...],
+    singles: tuple[tuple[Relation, ...], ...] = (),
+) -> ChangeRecord:
+    """The record whose body is ``buf[start:stop]`` (``singles``: ``(rel,)`` for each of
+    ``rels``, to share)."""
+    if stop - start < _HEAD.size:
+        raise struct.error(f"spill record of {stop - start} bytes")
+    # the head (_HEAD: tag, lsn, has_xid, xid, nrel), read byte by byte (no struct call)
+    tag: int = buf[start]
+    lsn = _u32le(buf, start + 1) | (_u32le(buf, start + 5) << 32)
+    has_xid: int = buf[start + 9]
+    raw_xid = _u32le(buf, start + 10)
+    nrel = _u32le(buf, start + 14)
     pos = start + _HEAD.size
     if nrel == 1:
-        relations: tuple[Relation, ...] = (rels[_U32.unpack_from(buf, pos)[0]],)
+        index = _u32le(buf, pos)
+        relations: tuple[Relation, ...] = singles[index] if singles else (rels[index],)
     else:
         relations = tuple(rels[i] for i in struct.unpack_from(f"<{nrel}I", buf, pos))
     pos += 4 * nrel

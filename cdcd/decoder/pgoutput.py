@@ -522,8 +522,13 @@ def plain_insert(buf: bytes, start: int, stop: int, streamed: bool = False) -> I
         return None
     if end != stop:
         return None
-    (oid,) = _U32.unpack_from(buf, start + head)
-    xid: int | None = _U32.unpack_from(buf, start + 1)[0] if streamed else None
+    at = start + head  # the OID and xid, network order, read byte by byte (no struct call)
+    oid: int = (buf[at] << 24) | (buf[at + 1] << 16) | (buf[at + 2] << 8) | buf[at + 3]
+    xid: int | None = None
+    if streamed:
+        xid = (
+            (buf[start + 1] << 24) | (buf[start + 2] << 16) | (buf[start + 3] << 8) | buf[start + 4]
+        )
     return Insert(xid, oid, TupleData(kinds, values))
 
 

@@ -191,3 +191,21 @@ def test_tuples_round_trip(tmp_path_factory: pytest.TempPathFactory, items: list
     spill.finish()
     assert list(spill.reader()()) == records
     spill.delete()
+
+
+def test_a_damaged_stream_is_an_error_not_a_wrong_record(tmp_path: Path) -> None:
+    """The read-back takes the record head byte by byte: a record shorter than its head, or
+    a stream cut inside a record, fails instead of yielding something."""
+    import struct
+
+    spill = SpillFile(tmp_path / "d.spill")
+    for record in EVERY_KIND[:2]:
+        spill.append(record)
+    spill.finish()
+    data = (tmp_path / "d.spill").read_bytes()
+    (tmp_path / "d.spill").write_bytes(data[:-3])  # cut inside the last record
+    with pytest.raises(ValueError, match="truncated"):
+        list(spill.reader()())
+    (tmp_path / "d.spill").write_bytes(struct.pack("<I", 5) + b"R" + bytes(4))  # a 5-byte body
+    with pytest.raises(struct.error, match="spill record of 5 bytes"):
+        list(spill.reader()())
