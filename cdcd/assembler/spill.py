@@ -379,10 +379,10 @@ def _decode(
     start: int,
     stop: int,
     rels: tuple[Relation, ...],
-    singles: tuple[tuple[Relation, ...], ...] = (),
+    singles: tuple[tuple[Relation, ...], ...],
 ) -> ChangeRecord:
     """The record whose body is ``buf[start:stop]`` (``singles``: ``(rel,)`` for each of
-    ``rels``, to share)."""
+    ``rels``, shared by the one-table records)."""
     if stop - start < _HEAD.size:
         raise struct.error(f"spill record of {stop - start} bytes")
     # the head (_HEAD: tag, lsn, has_xid, xid, nrel), read byte by byte (no struct call)
@@ -394,7 +394,7 @@ def _decode(
     pos = start + _HEAD.size
     if nrel == 1:
         index = _u32le(buf, pos)
-        relations: tuple[Relation, ...] = singles[index] if singles else (rels[index],)
+        relations: tuple[Relation, ...] = singles[index]
     else:
         relations = tuple(rels[i] for i in struct.unpack_from(f"<{nrel}I", buf, pos))
     pos += 4 * nrel

@@ -16,8 +16,9 @@
   part counts against the limits above like a transaction, and is released on its own.
 * Events are built once and shared: a window of at most ``window`` items (begin, a batch of
   events, commit; or a whole small transaction, at most ``_WHOLE_CHANGES`` changes, as one
-  item: its begin, batches and commit) that each sink's task reads in order. The sink task that runs out of items
-  builds the next one itself (no task of its own, so one sink costs no task switch per item).
+  item: its begin, batches and commit) that each sink's task reads in order. The sink task
+  that runs out of items builds the next one itself (no task of its own, so one sink costs no
+  task switch per item).
   A slow or retrying sink holds the others back only when it is a whole window behind; the
   confirmable position is the minimum of the sinks' durable positions
   (:mod:`cdcd.pipeline.progress`).

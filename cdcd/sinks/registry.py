@@ -8,13 +8,10 @@ entry-point group, so a third-party package adds a sink without touching cdcd::
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from importlib.metadata import entry_points
 
 from cdcd.errors import ConfigError
 from cdcd.sinks.base import Sink
-
-if TYPE_CHECKING:
-    from importlib.metadata import EntryPoints
 
 BUILTIN_SINKS: dict[str, str] = {
     "file": "cdcd.sinks.file:FileSink",
@@ -30,14 +27,6 @@ def _load(target: str) -> type[Sink]:
     if not (isinstance(cls, type) and issubclass(cls, Sink)):
         raise ConfigError(f"sink entry point {target!r} is not a cdcd.sinks.base.Sink subclass")
     return cls
-
-
-def entry_points(group: str) -> EntryPoints:
-    """The installed packages' entry points of ``group``; read only when a name is not a
-    built-in sink (scanning every installed distribution costs start-up time)."""
-    from importlib.metadata import entry_points as scan
-
-    return scan(group=group)
 
 
 def available_sink_types() -> list[str]:
