@@ -2,7 +2,8 @@
 
 All metadata lives in pyproject.toml; this file only adds the compiled extensions, the way mypy
 and black ship mypyc builds (``mypyc.build.mypycify``, mypy in the build requirements). The
-module list is ``COMPILED_MODULES`` in ``cdcd/_purepy.py``, read here without importing cdcd.
+module list is ``COMPILED_MODULES`` in ``cdcd/_purepy.py``, read here without importing cdcd;
+``C_MODULES`` there are hand-written C extensions built the same way (same build records).
 Each module is compiled on its own (what it imports from other cdcd modules is called through
 Python), so that one module can fall back to its source without the others calling its old
 compiled code. Beside each extension goes a build record (``<extension>.build.json``) holding
@@ -74,7 +75,7 @@ class BuildMypyc(build_ext):
         # the sources as mypyc reads them: one edited during the build must not be recorded
         self.records = {
             name: PUREPY.build_record(name, ROOT / PUREPY.source_path(name))
-            for name in PUREPY.COMPILED_MODULES
+            for name in (*PUREPY.COMPILED_MODULES, *PUREPY.C_MODULES)
         }
         if self.not_compiled is None:
             try:
@@ -97,7 +98,8 @@ class BuildMypyc(build_ext):
         self.extensions = []
         _say(
             f"{self.not_compiled}; installing {', '.join(PUREPY.COMPILED_MODULES)} as pure "
-            "Python (same behaviour, slower; `python -m cdcd.accel status` shows the form in use)"
+            f"Python and leaving out {', '.join(PUREPY.C_MODULES)} (same behaviour, slower; "
+            "`python -m cdcd.accel status` shows the form in use)"
         )
 
     def _mypycify(self) -> list[Extension]:
@@ -111,6 +113,8 @@ class BuildMypyc(build_ext):
             # (the [tool.mypy] overrides for the modules not compiled in this call are unused)
             paths = ["--no-warn-unused-configs", PUREPY.source_path(name)]
             extensions += mypycify(paths, opt_level="3")
+        for name in PUREPY.C_MODULES:  # hand-written C: compiled as it is
+            extensions.append(Extension(name, [PUREPY.source_path(name)]))
         return extensions
 
     def _built(self, name: str, inplace: bool) -> Path:
@@ -138,7 +142,7 @@ class BuildMypyc(build_ext):
         if not self.extensions:
             return []
         records = []
-        for name in PUREPY.COMPILED_MODULES:
+        for name in (*PUREPY.COMPILED_MODULES, *PUREPY.C_MODULES):
             path = self._built(name, bool(self.inplace))
             records.append(str(path.with_name(path.name + PUREPY.RECORD_SUFFIX)))
         return [*super().get_outputs(), *records]

@@ -57,6 +57,12 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.sinks.kafka_batches",
 )
 
+#: Hand-written C extensions (dotted names; the source is ``<leaf>.c``), for what neither a
+#: library nor mypyc does fast enough. They have no Python form: where one is not compiled (or
+#: stale, or ``CDCD_PURE_PYTHON`` is set) importing it raises ImportError and its caller takes
+#: the general Python path, which computes the same result (its tests compare the two).
+C_MODULES: tuple[str, ...] = ("cdcd._rowjson",)
+
 PURE_ENV = "CDCD_PURE_PYTHON"
 #: Appended to an extension's file name to name its build record.
 RECORD_SUFFIX = ".build.json"
@@ -70,9 +76,14 @@ def pure_python_requested() -> bool:
     return os.environ.get(PURE_ENV, "") not in ("", "0", "false", "no")
 
 
+def source_suffix(name: str) -> str:
+    return ".c" if name in C_MODULES else ".py"
+
+
 def source_path(name: str) -> str:
-    """``cdcd.decoder.tuples`` -> ``cdcd/decoder/tuples.py`` (relative to the project root)."""
-    return "/".join(name.split(".")) + ".py"
+    """``cdcd.decoder.tuples`` -> ``cdcd/decoder/tuples.py`` (relative to the project root;
+    ``.c`` for :data:`C_MODULES`)."""
+    return "/".join(name.split(".")) + source_suffix(name)
 
 
 def source_digest(path: Path) -> str:
@@ -101,7 +112,7 @@ def examine(name: str, directory: Path) -> Form | None:
     import json
 
     leaf = name.rpartition(".")[2]
-    source = directory / f"{leaf}.py"
+    source = directory / f"{leaf}{source_suffix(name)}"
     extension = next(
         (
             directory / f"{leaf}{suffix}"
@@ -134,16 +145,29 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in COMPILED_MODULES or path is None:
+        c_module = fullname in C_MODULES
+        if (fullname not in COMPILED_MODULES and not c_module) or path is None:
             return None
         for entry in path:
             form = examine(fullname, Path(entry))
             if form is None:
                 continue
             if pure_python_requested() and form.kind != "pure":
-                source = Path(entry) / f"{fullname.rpartition('.')[2]}.py"
+                source = Path(entry) / f"{fullname.rpartition('.')[2]}{source_suffix(fullname)}"
                 form = Form("pure", source, f"{PURE_ENV} is set")
             IMPORTED[fullname] = form
+            if c_module and form.kind != "compiled":
+                if form.kind == "stale":
+                    warnings.warn(
+                        f"cdcd: {form.reason}; not using {fullname} (same behaviour, slower). "
+                        "Rebuild the compiled modules with `pip install` (`python -m cdcd.accel "
+                        "build` in a checkout).",
+                        StaleExtensionWarning,
+                        stacklevel=2,
+                    )
+                raise ModuleNotFoundError(
+                    f"{fullname} is not in use: {form.reason or 'not compiled'}", name=fullname
+                )
             if form.kind == "compiled":
                 loader = importlib.machinery.ExtensionFileLoader(fullname, str(form.path))
                 return importlib.util.spec_from_file_location(fullname, form.path, loader=loader)

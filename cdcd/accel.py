@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 
 from cdcd._purepy import (
+    C_MODULES,
     COMPILED_MODULES,
     IMPORTED,
     PURE_ENV,
@@ -37,7 +38,9 @@ from cdcd._purepy import (
 )
 
 __all__ = [
+    "ACCELERATED_MODULES",
     "COMPILED_MODULES",
+    "C_MODULES",
     "PURE_ENV",
     "RECORD_SUFFIX",
     "StaleExtensionWarning",
@@ -50,6 +53,9 @@ __all__ = [
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
+#: Every module the build compiles: the mypyc ones, then the hand-written C ones.
+ACCELERATED_MODULES: tuple[str, ...] = (*COMPILED_MODULES, *C_MODULES)
+
 
 def is_compiled(module: ModuleType) -> bool:
     return not str(getattr(module, "__file__", "")).endswith(".py")
@@ -59,10 +65,16 @@ def forms(*, imported_only: bool = False) -> dict[str, Form]:
     """Module name -> the form this process imported it in (importing it if needed;
     ``imported_only``: only the modules this process has imported, importing none)."""
     found: dict[str, Form] = {}
-    for name in COMPILED_MODULES:
+    for name in ACCELERATED_MODULES:
         if imported_only and name not in sys.modules:
             continue
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # a C module not in use: the finder recorded why
+            leaf = _PACKAGE_DIR.joinpath(*name.split(".")[1:])
+            source = leaf.with_name(leaf.name + ".c")
+            found[name] = IMPORTED.get(name) or Form("pure", source, "not built")
+            continue
         form = IMPORTED.get(name)
         if form is None:  # imported before the finder was installed
             form = examine(name, Path(str(module.__file__)).parent)
@@ -81,9 +93,11 @@ def status(*, imported_only: bool = False) -> dict[str, bool]:
     }
 
 
-def describe(form: Form) -> str:
+def describe(form: Form, c_module: bool = False) -> str:
     if form.kind == "compiled":
         return f"compiled ({form.path.name})"
+    if c_module:  # a C module has no Python form: its callers' general path runs
+        return f"not in use, the general Python path runs ({form.reason or 'not built'})"
     if form.kind == "stale":
         return f"stale, running the source ({form.reason})"
     return f"pure Python ({form.reason})" if form.reason else "pure Python"
@@ -112,7 +126,7 @@ def build() -> None:
 def clean() -> list[Path]:
     """Remove the compiled extensions (and their build records) in the package directory."""
     removed = []
-    for name in COMPILED_MODULES:
+    for name in ACCELERATED_MODULES:
         source = _PACKAGE_DIR.parent.joinpath(*name.split(".")).with_suffix(".py")
         for path in source.parent.iterdir():
             stem = path.name.partition(".")[0]
@@ -141,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "status" and set(args[1:]) <= {"--strict"}:
         found = forms()
         for name, form in found.items():
-            print(f"{name}: {describe(form)}")
+            print(f"{name}: {describe(form, name in C_MODULES)}")
         if "--strict" in args and any(form.kind != "compiled" for form in found.values()):
             print("cdcd.accel: not every module is compiled", file=sys.stderr)
             return 1

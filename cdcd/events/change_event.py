@@ -24,7 +24,7 @@ from cdcd.decoder.events import (
 from cdcd.events.catalog import Catalog, schema_name
 from cdcd.events.context import SinkContext
 from cdcd.lsn import pg_to_unix_us
-from cdcd.values.types import UNCHANGED_TOAST, RowDecoder
+from cdcd.values.types import C_EVENT_BODY, UNCHANGED_TOAST, RowDecoder, json_prefixes
 
 __all__ = ["UNCHANGED_TOAST", "ChangeEvent", "Row"]
 
@@ -42,6 +42,7 @@ class RelInfo:
         "catalog",
         "key_idx",
         "key_names",
+        "key_prefixes",
         "relation",
         "schema",
         "table",
@@ -58,6 +59,7 @@ class RelInfo:
         present = tuple(k for k in keys or () if k in names)
         self.key_names: tuple[str, ...] | None = present or None
         self.key_idx: tuple[int, ...] = tuple(names.index(k) for k in present)
+        self.key_prefixes = json_prefixes(present)  # for RowDecoder.columns_json
         self._json: RowDecoder | None = None
         self._native: RowDecoder | None = None
         self._schema_info: dict[str, Any] | None = None
@@ -497,7 +499,19 @@ class ChangeEvent:
         return value
 
     def key_json(self) -> bytes | None:
-        key = self.key()
+        """``orjson.dumps(self.key())``: for a row event, written from the key columns' bytes
+        where RowDecoder.columns_json can (no dict, no value of the other columns)."""
+        key = self._key
+        if key is _UNSET:
+            rel = self._rel
+            op = self.op
+            if rel is not None and rel.key_names is not None and op != "m" and op != "t":
+                tup = self._after_tup if self._after_tup is not None else self._before_tup
+                if tup is not None and self._json_rows is None:
+                    made = rel.decoder(False).columns_json(tup, rel.key_idx, rel.key_prefixes)
+                    if made is not None:
+                        return made
+            key = self.key()
         return None if key is None else orjson.dumps(key)
 
     def value_json(self) -> bytes:
@@ -505,18 +519,18 @@ class ChangeEvent:
 
     def record_json(self) -> bytes:
         """One JSON Lines line (without the newline): the value plus a top-level ``key``."""
-        key = self.key()
-        return b"".join(
-            (self._body(), b',"key":', b"null" if key is None else orjson.dumps(key), b"}")
-        )
+        key = self.key_json()
+        return b"".join((self._body(), b',"key":', b"null" if key is None else key, b"}"))
 
     def _body(self) -> bytes:
         """The value's JSON without its closing brace, cached.
 
         The hot path: row events are assembled from the rows' JSON, the source fields
         serialised once per transaction and table, and the per-event numbers, rather than by
-        serialising the whole :meth:`value` dict (same JSON, about twice as fast). Messages and
-        truncates serialise :meth:`value`."""
+        serialising the whole :meth:`value` dict (same JSON, about twice as fast). The rows'
+        JSON comes straight from the column bytes (RowDecoder.row_json) unless a row has
+        unchanged TOAST to fill in, the event is half of a key change, or the rows are built
+        already. Messages and truncates serialise :meth:`value`."""
         body = self._json_body
         if body is not None:
             return body
@@ -524,34 +538,60 @@ class ChangeEvent:
         if op == "m" or op == "t":
             body = orjson.dumps(self.value())[:-1]
         else:
-            before, after, unchanged = self._rows(False)
+            rel = self._rel
+            before_json = after_json = None
+            unchanged: list[str] = []
+            if rel is not None and self._extra is None and self._json_rows is None:
+                dec = rel.decoder(False)
+                old, new = self._before_tup, self._after_tup
+                after_json = b"null" if new is None else dec.row_json(new)
+                if after_json is not None:
+                    before_json = b"null" if old is None else dec.row_json(old)
+            if before_json is None or after_json is None:
+                before, after, unchanged = self._rows(False)
+                before_json = b"null" if before is None else orjson.dumps(before)
+                after_json = b"null" if after is None else orjson.dumps(after)
             txn = self._txn
             lsn = self.lsn
             seq = self.seq
             prev = self._prev_lsn
-            first = "null" if prev is None else f'\\"{prev}\\"'
             txid = txn.txid
             link = self.key_link() if self._extra is not None else None
-            block = (
-                "null"
-                if txid is None
-                else f'{{"id":"{txid}","total_order":{seq + 1},"data_collection_order":{self._dco}}}'
-            )
-            body = b"".join(
-                (
-                    b'{"before":',
-                    b"null" if before is None else orjson.dumps(before),
-                    b',"after":',
-                    b"null" if after is None else orjson.dumps(after),
-                    b',"source":',
-                    txn.source_head(self._rel, self._snapshot),
-                    f'"lsn":{lsn},"sequence":"[{first},\\"{lsn}\\"]","xmin":null,'
-                    f'"commit_lsn":{self.commit_lsn},"seq":{seq}'.encode(),
-                    txn.origin_json,
-                    b',"unchanged_toast":' + orjson.dumps(unchanged) if unchanged else b"",
-                    b"" if link is None else f',"{link[0]}":'.encode() + orjson.dumps(link[1]),
-                    f'}},"op":"{op}","ts_ms":{self.ts_ms},"transaction":{block}'.encode(),
+            extra = txn.origin_json  # what the source block has after "seq"
+            if unchanged or link is not None:
+                extra = b"".join(
+                    (
+                        extra,
+                        b',"unchanged_toast":' + orjson.dumps(unchanged) if unchanged else b"",
+                        b"" if link is None else f',"{link[0]}":'.encode() + orjson.dumps(link[1]),
+                    )
                 )
-            )
+            head = txn.source_head(self._rel, self._snapshot)
+            if C_EVENT_BODY is not None:  # the same bytes as below, from cdcd/_rowjson.c
+                body = C_EVENT_BODY(
+                    before_json, after_json, head, lsn, prev, self.commit_lsn, seq, extra, op,
+                    self.ts_ms, txid, self._dco,
+                )  # fmt: skip
+            else:
+                first = "null" if prev is None else f'\\"{prev}\\"'
+                block = (
+                    "null"
+                    if txid is None
+                    else f'{{"id":"{txid}","total_order":{seq + 1},"data_collection_order":{self._dco}}}'
+                )
+                body = b"".join(
+                    (
+                        b'{"before":',
+                        before_json,
+                        b',"after":',
+                        after_json,
+                        b',"source":',
+                        head,
+                        f'"lsn":{lsn},"sequence":"[{first},\\"{lsn}\\"]","xmin":null,'
+                        f'"commit_lsn":{self.commit_lsn},"seq":{seq}'.encode(),
+                        extra,
+                        f'}},"op":"{op}","ts_ms":{self.ts_ms},"transaction":{block}'.encode(),
+                    )
+                )
         self._json_body = body
         return body

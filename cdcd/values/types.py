@@ -7,7 +7,8 @@ API (others build on exactly this)::
     TypeRegistry(): observe(Type), register(TypeInfo), type_name(oid),
                     json_converter(oid, typmod, kind), native_converter(oid, typmod, kind),
                     numeric_precision_scale(typmod), binary_exact(oid)
-    RowDecoder(relation, registry, "json" | "native"): names, decode(tup), unchanged(tup)
+    RowDecoder(relation, registry, "json" | "native"): names, decode(tup), unchanged(tup),
+                    row_json(tup), columns_json(tup, idx, prefixes), json_prefixes(names)
 
 Values follow README "Change events". The decisions the contract leaves open:
 
@@ -44,11 +45,14 @@ converter cache, but RowDecoders already built keep their converters.
 
 from __future__ import annotations
 
+import importlib
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, Literal
+
+import orjson
 
 from cdcd.decoder.events import (
     KIND_BINARY,
@@ -422,11 +426,55 @@ class TypeRegistry:
 
 # --- rows ------------------------------------------------------------------------------------
 
+RowJson = Callable[..., "bytes | None"]
+
+
+def _load_rowjson() -> Any:
+    """The module cdcd._rowjson (hand-written C, cdcd/_rowjson.c), or None where it is not in
+    use: its callers then take their Python path, which gives the same bytes."""
+    try:
+        return importlib.import_module("cdcd._rowjson")
+    except ImportError:
+        return None
+
+
+_ROWJSON: Final = _load_rowjson()
+_c_row_json: Final[RowJson | None] = None if _ROWJSON is None else _ROWJSON.row_json
+#: cdcd._rowjson.event_body, or None: ChangeEvent._body formats row events in Python then.
+C_EVENT_BODY: Final[Callable[..., bytes] | None] = None if _ROWJSON is None else _ROWJSON.event_body
+
+#: The fast path of each column in cdcd._rowjson.row_json (the codes of cdcd/_rowjson.c), by
+#: the column's text converter: the integer text as it is, ``true``/``false``, the text as a
+#: JSON string, a timestamp rewritten in ISO form; any other converter: called, then orjson.
+JSON_CONVERT: Final = 0
+_JSON_CODES: Final[dict[Callable[[Any], Any], int]] = {
+    int: 1,
+    vt.bool_value: 2,
+    _decode: 3,
+    vt.timestamptz_json: 4,
+    vt.timestamp_json: 5,
+}
+
+
+def json_prefixes(names: tuple[str, ...]) -> tuple[bytes, ...]:
+    """What comes before each value in a JSON object of these names: ``{"a":``, ``,"b":``..."""
+    return tuple((b"," if i else b"{") + orjson.dumps(n) + b":" for i, n in enumerate(names))
+
 
 class RowDecoder:
     """Precomputed per-relation converters: built once per Relation message and target."""
 
-    __slots__ = ("_binary", "_plans", "_registry", "_relation", "_text", "_unchanged", "names")
+    __slots__ = (
+        "_binary",
+        "_json_codes",
+        "_json_prefixes",
+        "_plans",
+        "_registry",
+        "_relation",
+        "_text",
+        "_unchanged",
+        "names",
+    )
 
     _MAX_PLANS: Final = 256
 
@@ -448,6 +496,12 @@ class RowDecoder:
             bytes([KIND_TEXT]) * n: self._text,
             bytes([KIND_BINARY]) * n: self._binary,
         }
+        # row_json: one fast-path code per column (JSON target with the C module only)
+        self._json_codes: bytes | None = None
+        self._json_prefixes: tuple[bytes, ...] = ()
+        if target == "json" and _c_row_json is not None:
+            self._json_codes = bytes(_JSON_CODES.get(c, JSON_CONVERT) for c in self._text)
+            self._json_prefixes = json_prefixes(self.names)
 
     def _plan(self, kinds: bytes) -> tuple[Callable[[Any], Any], ...]:
         if len(kinds) != len(self.names):
@@ -484,6 +538,39 @@ class RowDecoder:
             # len(kinds) == len(names) holds for every plan; TupleData keeps kinds and values
             # the same length.
             return dict(zip(self.names, map(operator.call, plan, tup.values)))  # noqa: B905
+        except Exception as exc:
+            raise self._explain(tup, exc) from exc
+
+    def row_json(self, tup: TupleData) -> bytes | None:
+        """``orjson.dumps(self.decode(tup))``, written by cdcd._rowjson from the column bytes.
+        None where that module is not in use (see cdcd/_purepy.py), for the native target, and
+        for a row with unchanged TOAST (the caller fills those in): take :meth:`decode` then."""
+        return self._written(tup, None, self._json_prefixes)
+
+    def columns_json(
+        self, tup: TupleData, idx: tuple[int, ...], prefixes: tuple[bytes, ...]
+    ) -> bytes | None:
+        """:meth:`row_json` of the columns ``idx`` only (a key), ``prefixes`` from
+        :func:`json_prefixes` of their names; None as there."""
+        return self._written(tup, idx, prefixes)
+
+    def _written(
+        self, tup: TupleData, idx: tuple[int, ...] | None, prefixes: tuple[bytes, ...]
+    ) -> bytes | None:
+        row_json = _c_row_json
+        if row_json is None or self._json_codes is None:
+            return None
+        try:
+            return row_json(
+                prefixes,
+                idx,
+                self._json_codes,
+                self._text,
+                self._binary,
+                tup.kinds,
+                tup.values,
+                orjson.dumps,
+            )
         except Exception as exc:
             raise self._explain(tup, exc) from exc
 

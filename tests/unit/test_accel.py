@@ -51,11 +51,11 @@ def test_the_source_form_is_not_compiled() -> None:
 def test_setup_compiled_them_when_a_compiler_exists() -> None:
     """scripts/setup's editable install builds them; the test suite then runs on them."""
     if accel.pure_python_requested():
-        assert accel.status() == dict.fromkeys(accel.COMPILED_MODULES, False)
+        assert accel.status() == dict.fromkeys(accel.ACCELERATED_MODULES, False)
         return
     if shutil.which("cc") is None or importlib.util.find_spec("mypyc") is None:
         pytest.skip("no C compiler or mypyc: cdcd runs the pure-Python form")
-    assert accel.status() == dict.fromkeys(accel.COMPILED_MODULES, True)
+    assert accel.status() == dict.fromkeys(accel.ACCELERATED_MODULES, True)
 
 
 def test_pure_python_env_imports_the_sources() -> None:
@@ -68,7 +68,7 @@ def test_pure_python_env_imports_the_sources() -> None:
         check=True,
         cwd=REPO,
     ).stdout
-    assert out.strip() == str([False] * len(accel.COMPILED_MODULES))
+    assert out.strip() == str([False] * len(accel.ACCELERATED_MODULES))
 
 
 def package_copy(tmp_path: Path) -> Path:
@@ -99,21 +99,62 @@ def test_status_names_each_module_and_its_form() -> None:
     done = run_in(REPO, "-m", "cdcd.accel", "status")
     assert done.returncode == 0, done.stderr
     lines = status_lines(done.stdout)
-    assert list(lines) == list(accel.COMPILED_MODULES)
+    assert list(lines) == list(accel.ACCELERATED_MODULES)
     # what the finder makes of the files (this process may run with CDCD_PURE_PYTHON=1)
     kinds = {}
-    for name in accel.COMPILED_MODULES:
+    for name in accel.ACCELERATED_MODULES:
         form = examine(name, REPO.joinpath(*name.split(".")).parent)
         assert form is not None, name
         kinds[name] = form.kind
     for name, kind in kinds.items():
         expected = {"compiled": "compiled (", "stale": "stale, ", "pure": "pure Python"}[kind]
+        if name in accel.C_MODULES and kind != "compiled":
+            expected = "not in use, the general Python path runs"
         assert lines[name].startswith(expected), lines[name]
     strict = run_in(REPO, "-m", "cdcd.accel", "status", "--strict")
     assert strict.returncode == (0 if set(kinds.values()) == {"compiled"} else 1), strict.stderr
     pure = run_in(REPO, "-m", "cdcd.accel", "status", "--strict", CDCD_PURE_PYTHON="1")
     assert pure.returncode == 1 and "not every module is compiled" in pure.stderr
-    assert set(status_lines(pure.stdout).values()) == {"pure Python (CDCD_PURE_PYTHON is set)"}
+    assert set(status_lines(pure.stdout).values()) == {
+        "pure Python (CDCD_PURE_PYTHON is set)",
+        "not in use, the general Python path runs (CDCD_PURE_PYTHON is set)",
+    }
+
+
+@pytest.mark.parametrize("record", ["missing", "other source"])
+def test_a_c_module_not_built_from_its_source_is_not_used(tmp_path: Path, record: str) -> None:
+    """A stale hand-written C module is not imported at all: its callers' Python path runs."""
+    root = package_copy(tmp_path)
+    line = stale_status(root, "cdcd._rowjson", record)
+    assert line.startswith("not in use, the general Python path runs ("), line
+    probe = (
+        "import orjson; from cdcd.values import types as t; "
+        "from cdcd.decoder.events import Column, Relation, TupleData; "
+        "rel = Relation(None, 1, 'public', 't', 'd', (Column(1, 'id', 23, -1),)); "
+        "d = t.RowDecoder(rel, t.TypeRegistry(), 'json'); "
+        "print(t._c_row_json, d.row_json(TupleData(b't', (b'7',))), "
+        "orjson.dumps(d.decode(TupleData(b't', (b'7',)))))"
+    )
+    done = run_in(root, "-c", probe)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "None", "b'{\"id\":7}'"]
+    if record == "other source":
+        assert "StaleExtensionWarning" in done.stderr
+
+
+def stale_status(root: Path, name: str, record: str) -> str:
+    """Module ``name``'s line of ``accel status --strict`` in ``root`` once its extension is a
+    fake whose build record is ``missing`` or names ``other source``; the run warns."""
+    *package, leaf = name.split(".")
+    ext = fake_extension(root.joinpath(*package), leaf)
+    record_path = ext.with_name(ext.name + accel.RECORD_SUFFIX)
+    record_path.unlink(missing_ok=True)
+    if record == "other source":
+        record_path.write_text(f'{{"module": "{name}", "source_sha256": "00"}}')
+    done = run_in(root, "-m", "cdcd.accel", "status", "--strict")
+    assert done.returncode == 1
+    assert "StaleExtensionWarning" in done.stderr
+    return status_lines(done.stdout)[name]
 
 
 def fake_extension(directory: Path, leaf: str) -> Path:
@@ -128,19 +169,10 @@ def fake_extension(directory: Path, leaf: str) -> Path:
 @pytest.mark.parametrize("record", ["missing", "other source"])
 def test_an_extension_not_built_from_this_source_is_ignored(tmp_path: Path, record: str) -> None:
     root = package_copy(tmp_path)
-    decoder = root / "cdcd" / "decoder"
-    ext = fake_extension(decoder, "tuples")
-    record_path = ext.with_name(ext.name + accel.RECORD_SUFFIX)
-    record_path.unlink(missing_ok=True)
-    if record == "other source":
-        record_path.write_text('{"module": "cdcd.decoder.tuples", "source_sha256": "00"}')
-    done = run_in(root, "-m", "cdcd.accel", "status", "--strict")
-    assert done.returncode == 1
-    line = status_lines(done.stdout)["cdcd.decoder.tuples"]
+    line = stale_status(root, "cdcd.decoder.tuples", record)
     assert line.startswith("stale, running the source"), line
     reason = "has no build record" if record == "missing" else "tuples.py changed since"
     assert reason in line
-    assert "StaleExtensionWarning" in done.stderr and reason in done.stderr
 
 
 def test_an_edited_source_runs_instead_of_its_compiled_module(tmp_path: Path) -> None:
@@ -227,7 +259,10 @@ def test_clean_removes_the_compiled_files_and_their_records(tmp_path: Path) -> N
     left = [p for p in (root / "cdcd").rglob("*") if p.suffix == ".so" or p.name.endswith(".json")]
     assert left == []
     status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
-    assert set(status.values()) == {"pure Python (no compiled extension)"}
+    assert set(status.values()) == {
+        "pure Python (no compiled extension)",
+        "not in use, the general Python path runs (no compiled extension)",
+    }
 
 
 def test_status_of_the_imported_modules_imports_nothing() -> None:

@@ -1,0 +1,507 @@
+/* cdcd._rowjson: a row's JSON written straight from pgoutput's column bytes.
+ *
+ * What it computes is defined by the pure-Python path it replaces, and the tests compare the two
+ * (tests/unit/test_rowjson.py): row_json(...) returns exactly
+ *
+ *     orjson.dumps({name: convert(value) for each selected column})
+ *
+ * where convert is the column's JSON converter (cdcd.values.types.RowDecoder, target "json").
+ * For the column types whose text form needs no Python value (integers, booleans, text-like
+ * types, timestamps) the bytes are copied, quoted or escaped here; every other value goes through
+ * its converter and `dumps` (orjson.dumps), so nothing about a type's JSON form lives only here.
+ * Whenever a fast path's conditions do not hold (an integer with a sign or leading zeros, text
+ * that is not valid UTF-8, a timestamp in another form) the value takes the converter too: the
+ * converter then gives the same value, or raises the error the pure-Python path raises.
+ *
+ * README "Compiled fast paths" says how it is built and when it is used (cdcd/_purepy.py,
+ * C_MODULES: setup.py builds it beside the mypyc modules, with the same build record).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+/* column codes: cdcd.values.types.JSON_* */
+enum {
+    J_CONVERT = 0,   /* converter(value), then dumps */
+    J_INT = 1,       /* int: PostgreSQL's text is the JSON number when canonical */
+    J_BOOL = 2,      /* vt.bool_value: b == b"t" */
+    J_STRING = 3,    /* bytes.decode(): a JSON string */
+    J_TIMESTAMPTZ = 4, /* vt.timestamptz_json */
+    J_TIMESTAMP = 5, /* vt.timestamp_json */
+};
+
+#define KIND_NULL 'n'
+#define KIND_UNCHANGED 'u'
+#define KIND_TEXT 't'
+#define KIND_BINARY 'b'
+
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+    char small[1024];
+} Buf;
+
+static int buf_reserve(Buf *b, Py_ssize_t extra) {
+    Py_ssize_t need = b->len + extra;
+    if (need <= b->cap)
+        return 0;
+    Py_ssize_t cap = b->cap * 2;
+    if (cap < need)
+        cap = need;
+    char *data;
+    if (b->data == b->small) {
+        data = PyMem_Malloc((size_t)cap);
+        if (data != NULL)
+            memcpy(data, b->small, (size_t)b->len);
+    } else {
+        data = PyMem_Realloc(b->data, (size_t)cap);
+    }
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->data = data;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+static void buf_init(Buf *b) {
+    b->data = b->small;
+    b->len = 0;
+    b->cap = (Py_ssize_t)sizeof(b->small);
+}
+
+static void buf_free(Buf *b) {
+    if (b->data != b->small)
+        PyMem_Free(b->data);
+}
+
+/* The bytes written, and the buffer freed. */
+static PyObject *buf_finish(Buf *b) {
+    PyObject *result = PyBytes_FromStringAndSize(b->data, b->len);
+    buf_free(b);
+    return result;
+}
+
+/* Is s[0:n] valid UTF-8 as Python's strict decoder has it (no overlong forms, no surrogates,
+ * nothing above U+10FFFF)? */
+static int utf8_valid(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80)
+                return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (i + 2 >= n)
+                return 0;
+            unsigned char c1 = s[i + 1], c2 = s[i + 2];
+            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80)
+                return 0;
+            if ((c == 0xE0 && c1 < 0xA0) || (c == 0xED && c1 >= 0xA0))
+                return 0;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (i + 3 >= n)
+                return 0;
+            unsigned char c1 = s[i + 1], c2 = s[i + 2], c3 = s[i + 3];
+            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80 || (c3 & 0xC0) != 0x80)
+                return 0;
+            if ((c == 0xF0 && c1 < 0x90) || (c == 0xF4 && c1 >= 0x90))
+                return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* A JSON string of s[0:n] (valid UTF-8) as orjson writes it: `"` and `\` escaped, control
+ * characters as \b \t \n \f \r or \u00XX, everything else as it is. */
+static int put_string(Buf *b, const unsigned char *s, Py_ssize_t n) {
+    if (buf_reserve(b, n * 6 + 2) < 0)
+        return -1;
+    char *out = b->data + b->len;
+    *out++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *out++ = (char)c;
+            continue;
+        }
+        *out++ = '\\';
+        switch (c) {
+        case '"': *out++ = '"'; break;
+        case '\\': *out++ = '\\'; break;
+        case '\b': *out++ = 'b'; break;
+        case '\t': *out++ = 't'; break;
+        case '\n': *out++ = 'n'; break;
+        case '\f': *out++ = 'f'; break;
+        case '\r': *out++ = 'r'; break;
+        default:
+            *out++ = 'u';
+            *out++ = '0';
+            *out++ = '0';
+            *out++ = HEX[c >> 4];
+            *out++ = HEX[c & 15];
+        }
+    }
+    *out++ = '"';
+    b->len = out - b->data;
+    return 0;
+}
+
+/* Printable ASCII without `"` and `\`: what a JSON string holds unescaped and unchanged. */
+static int plain_ascii(const unsigned char *s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = s[i];
+        if (c < 0x20 || c > 0x7E || c == '"' || c == '\\')
+            return 0;
+    }
+    return 1;
+}
+
+/* s with its first space replaced by 'T', in quotes (s is plain ASCII). */
+static int put_t_form(Buf *b, const char *s, Py_ssize_t n, const char *tail, Py_ssize_t tail_n) {
+    if (buf_reserve(b, n + tail_n + 2) < 0)
+        return -1;
+    char *out = b->data + b->len;
+    *out++ = '"';
+    memcpy(out, s, (size_t)n);
+    char *space = memchr(out, ' ', (size_t)n);
+    if (space != NULL)
+        *space = 'T';
+    out += n;
+    memcpy(out, tail, (size_t)tail_n);
+    out += tail_n;
+    *out++ = '"';
+    b->len = out - b->data;
+    return 0;
+}
+
+/* An integer's text that orjson writes back unchanged for int(text): an optional '-', then 1 to
+ * 18 digits without a leading zero (so it fits in 64 bits); "-0" excluded. */
+static int canonical_int(const char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    if (n > 0 && s[0] == '-')
+        i = 1;
+    Py_ssize_t digits = n - i;
+    if (digits < 1 || digits > 18)
+        return 0;
+    if (s[i] == '0' && (digits > 1 || i == 1))
+        return 0;
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+    return 1;
+}
+
+/* The fast path of one text value; 1 written, 0 not applicable (the converter's turn), -1 error. */
+static int put_fast(Buf *b, int code, const char *s, Py_ssize_t n) {
+    switch (code) {
+    case J_INT:
+        if (!canonical_int(s, n))
+            return 0;
+        return buf_put(b, s, n) < 0 ? -1 : 1;
+    case J_BOOL:
+        if (n == 1 && s[0] == 't')
+            return buf_put(b, "true", 4) < 0 ? -1 : 1;
+        return buf_put(b, "false", 5) < 0 ? -1 : 1;
+    case J_STRING:
+        if (!utf8_valid((const unsigned char *)s, n))
+            return 0;
+        return put_string(b, (const unsigned char *)s, n) < 0 ? -1 : 1;
+    case J_TIMESTAMPTZ:
+        /* "2024-01-02 03:04:05.5+00" -> "2024-01-02T03:04:05.5Z" */
+        if (n < 5 || s[4] != '-' || memcmp(s + n - 3, "+00", 3) != 0
+            || !plain_ascii((const unsigned char *)s, n))
+            return 0;
+        return put_t_form(b, s, n - 3, "Z", 1) < 0 ? -1 : 1;
+    case J_TIMESTAMP:
+        /* "2024-01-02 03:04:05.5" -> "2024-01-02T03:04:05.5"; infinity and BC as they are */
+        if (n < 1 || !plain_ascii((const unsigned char *)s, n))
+            return 0;
+        if (s[n - 1] == 'C' || s[n - 1] == 'y') {
+            if (buf_reserve(b, n + 2) < 0)
+                return -1;
+            b->data[b->len++] = '"';
+            memcpy(b->data + b->len, s, (size_t)n);
+            b->len += n;
+            b->data[b->len++] = '"';
+            return 1;
+        }
+        return put_t_form(b, s, n, "", 0) < 0 ? -1 : 1;
+    default:
+        return 0;
+    }
+}
+
+/* converter(value) serialised by dumps, appended. */
+static int put_converted(Buf *b, PyObject *conv, PyObject *value, PyObject *dumps) {
+    PyObject *converted = PyObject_CallOneArg(conv, value);
+    if (converted == NULL)
+        return -1;
+    PyObject *json = PyObject_CallOneArg(dumps, converted);
+    Py_DECREF(converted);
+    if (json == NULL)
+        return -1;
+    if (!PyBytes_Check(json)) {
+        Py_DECREF(json);
+        PyErr_SetString(PyExc_TypeError, "row_json: dumps must return bytes");
+        return -1;
+    }
+    int rc = buf_put(b, PyBytes_AS_STRING(json), PyBytes_GET_SIZE(json));
+    Py_DECREF(json);
+    return rc;
+}
+
+PyDoc_STRVAR(row_json_doc,
+"row_json(names, idx, codes, text_convs, binary_convs, kinds, values, dumps) -> bytes | None\n\n"
+"The JSON object of a row's columns: ``orjson.dumps({name: converter(value)})`` for the columns\n"
+"``idx`` (None: all of them, in order), ``names[j]`` being the bytes that come before column\n"
+"j's value (``{\"id\":`` then ``,\"qty\":`` ...). ``codes[i]``: column i's fast path\n"
+"(cdcd.values.types); ``text_convs``/``binary_convs``: its JSON converters for ``t`` and ``b``\n"
+"values. None when a selected column is unchanged TOAST or the tuple has another number of\n"
+"columns (the caller's general path handles both); converter errors propagate.");
+
+static PyObject *row_json(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "row_json takes 8 arguments");
+        return NULL;
+    }
+    PyObject *names = args[0], *idx = args[1], *codes = args[2], *text_convs = args[3];
+    PyObject *binary_convs = args[4], *kinds = args[5], *values = args[6], *dumps = args[7];
+    if (!PyTuple_Check(names) || !(idx == Py_None || PyTuple_Check(idx)) || !PyBytes_Check(codes)
+        || !PyTuple_Check(text_convs) || !PyTuple_Check(binary_convs) || !PyBytes_Check(kinds)) {
+        PyErr_SetString(PyExc_TypeError, "row_json: wrong argument types");
+        return NULL;
+    }
+    if (!PyTuple_Check(values))  /* TupleData.values is a tuple; anything else: general path */
+        Py_RETURN_NONE;
+    Py_ssize_t ncols = PyBytes_GET_SIZE(codes);
+    if (PyBytes_GET_SIZE(kinds) != ncols || PyTuple_GET_SIZE(values) != ncols
+        || PyTuple_GET_SIZE(text_convs) != ncols || PyTuple_GET_SIZE(binary_convs) != ncols)
+        Py_RETURN_NONE;
+    Py_ssize_t count = idx == Py_None ? ncols : PyTuple_GET_SIZE(idx);
+    if (PyTuple_GET_SIZE(names) != count) {
+        PyErr_SetString(PyExc_ValueError, "row_json: one name per selected column");
+        return NULL;
+    }
+    const char *kind = PyBytes_AS_STRING(kinds);
+    const char *code = PyBytes_AS_STRING(codes);
+    /* unchanged TOAST among the selected columns: the caller's general path, before any work */
+    if (idx == Py_None) {
+        if (memchr(kind, KIND_UNCHANGED, (size_t)ncols) != NULL)
+            Py_RETURN_NONE;
+    } else {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
+            if (i >= 0 && i < ncols && kind[i] == KIND_UNCHANGED)
+                Py_RETURN_NONE;
+        }
+        PyErr_Clear();  /* a bad index is reported below */
+    }
+    Buf b;
+    buf_init(&b);
+    for (Py_ssize_t j = 0; j < count; j++) {
+        Py_ssize_t i = j;
+        if (idx != Py_None) {
+            i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
+            if (i == -1 && PyErr_Occurred())
+                goto fail;
+            if (i < 0 || i >= ncols) {
+                PyErr_SetString(PyExc_IndexError, "row_json: column index out of range");
+                goto fail;
+            }
+        }
+        if (kind[i] == KIND_UNCHANGED) {
+            buf_free(&b);
+            Py_RETURN_NONE;
+        }
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        if (!PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "row_json: names must be bytes");
+            goto fail;
+        }
+        if (buf_put(&b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0)
+            goto fail;
+        PyObject *value = PyTuple_GET_ITEM(values, i);
+        int rc = 0;
+        if (kind[i] == KIND_NULL) {
+            rc = buf_put(&b, "null", 4) < 0 ? -1 : 1;
+        } else if (kind[i] == KIND_TEXT) {
+            if (PyBytes_Check(value))
+                rc = put_fast(&b, code[i], PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
+            if (rc == 0)
+                rc = put_converted(&b, PyTuple_GET_ITEM(text_convs, i), value, dumps) < 0 ? -1 : 1;
+        } else if (kind[i] == KIND_BINARY) {
+            rc = put_converted(&b, PyTuple_GET_ITEM(binary_convs, i), value, dumps) < 0 ? -1 : 1;
+        } else {  /* an unknown kind: the general path names it */
+            buf_free(&b);
+            Py_RETURN_NONE;
+        }
+        if (rc < 0)
+            goto fail;
+    }
+    if (buf_put(&b, count ? "}" : "{}", count ? 1 : 2) < 0)
+        goto fail;
+    return buf_finish(&b);
+fail:
+    buf_free(&b);
+    return NULL;
+}
+
+/* The decimal digits of an int (one that fits in 64 bits, signed or not) plus `add` (0 or 1;
+ * the sum of a non-negative int must fit too). */
+static int put_int_plus(Buf *b, PyObject *obj, int add) {
+    if (!PyLong_Check(obj)) {
+        PyErr_SetString(PyExc_TypeError, "event_body: an integer field is not an int");
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    unsigned long long u;
+    int negative = 0;
+    if (overflow == 0) {
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        negative = v < 0;
+        u = negative ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+        if (add) {  /* -1 + 1 is 0; otherwise the magnitude moves by one */
+            if (negative)
+                negative = --u != 0;
+            else
+                u += 1;  /* at most LLONG_MAX + 1: fits */
+        }
+    } else {
+        u = PyLong_AsUnsignedLongLong(obj);
+        if (u == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        if (add && u == (unsigned long long)-1) {
+            PyErr_SetString(PyExc_OverflowError, "event_body: integer too large");
+            return -1;
+        }
+        u += (unsigned long long)add;
+    }
+    char digits[24];
+    int n = 0;
+    do {
+        digits[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (buf_reserve(b, n + 1) < 0)
+        return -1;
+    char *out = b->data + b->len;
+    if (negative)
+        *out++ = '-';
+    while (n)
+        *out++ = digits[--n];
+    b->len = out - b->data;
+    return 0;
+}
+
+static int put_int(Buf *b, PyObject *obj) { return put_int_plus(b, obj, 0); }
+
+#define PUT_LIT(b, s) buf_put((b), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+/* bytes as they are, a str as UTF-8 */
+static int put_bytes(Buf *b, PyObject *obj) {
+    if (PyBytes_Check(obj))
+        return buf_put(b, PyBytes_AS_STRING(obj), PyBytes_GET_SIZE(obj));
+    if (PyUnicode_Check(obj)) {
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(obj, &n);
+        return s == NULL ? -1 : buf_put(b, s, n);
+    }
+    PyErr_SetString(PyExc_TypeError, "event_body: a JSON part is neither bytes nor str");
+    return -1;
+}
+
+PyDoc_STRVAR(event_body_doc,
+"event_body(before, after, source_head, lsn, prev_lsn, commit_lsn, seq, extra, op, ts_ms,\n"
+"           txid, dco) -> bytes\n\n"
+"A row event's JSON without its closing brace, as ChangeEvent._body formats it in Python:\n"
+"``{\"before\":<before>,\"after\":<after>,\"source\":<source_head>\"lsn\":...,\"seq\":<seq>"
+"<extra>},\"op\":...,\"transaction\":...``. ``before``/``after``/``source_head``/``extra``: JSON\n"
+"bytes; ``op``, ``txid``: str written as they are (``txid`` None: a null transaction block);\n"
+"``prev_lsn`` None: the first event of its transaction.");
+
+static PyObject *event_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "event_body takes 12 arguments");
+        return NULL;
+    }
+    PyObject *before = args[0], *after = args[1], *head = args[2], *lsn = args[3];
+    PyObject *prev = args[4], *commit_lsn = args[5], *seq = args[6], *extra = args[7];
+    PyObject *op = args[8], *ts_ms = args[9], *txid = args[10], *dco = args[11];
+    Buf b;
+    buf_init(&b);
+    if (PUT_LIT(&b, "{\"before\":") < 0 || put_bytes(&b, before) < 0
+        || PUT_LIT(&b, ",\"after\":") < 0 || put_bytes(&b, after) < 0
+        || PUT_LIT(&b, ",\"source\":") < 0 || put_bytes(&b, head) < 0
+        || PUT_LIT(&b, "\"lsn\":") < 0 || put_int(&b, lsn) < 0
+        || PUT_LIT(&b, ",\"sequence\":\"[") < 0)
+        goto fail;
+    if (prev == Py_None) {
+        if (PUT_LIT(&b, "null") < 0)
+            goto fail;
+    } else if (PUT_LIT(&b, "\\\"") < 0 || put_int(&b, prev) < 0 || PUT_LIT(&b, "\\\"") < 0) {
+        goto fail;
+    }
+    if (PUT_LIT(&b, ",\\\"") < 0 || put_int(&b, lsn) < 0
+        || PUT_LIT(&b, "\\\"]\",\"xmin\":null,\"commit_lsn\":") < 0 || put_int(&b, commit_lsn) < 0
+        || PUT_LIT(&b, ",\"seq\":") < 0 || put_int(&b, seq) < 0 || put_bytes(&b, extra) < 0
+        || PUT_LIT(&b, "},\"op\":\"") < 0 || put_bytes(&b, op) < 0
+        || PUT_LIT(&b, "\",\"ts_ms\":") < 0 || put_int(&b, ts_ms) < 0
+        || PUT_LIT(&b, ",\"transaction\":") < 0)
+        goto fail;
+    if (txid == Py_None) {
+        if (PUT_LIT(&b, "null") < 0)
+            goto fail;
+    } else {
+        if (PUT_LIT(&b, "{\"id\":\"") < 0 || put_bytes(&b, txid) < 0
+            || PUT_LIT(&b, "\",\"total_order\":") < 0 || put_int_plus(&b, seq, 1) < 0
+            || PUT_LIT(&b, ",\"data_collection_order\":") < 0 || put_int(&b, dco) < 0
+            || PUT_LIT(&b, "}") < 0)
+            goto fail;
+    }
+    return buf_finish(&b);
+fail:
+    buf_free(&b);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"row_json", (PyCFunction)(void (*)(void))row_json, METH_FASTCALL, row_json_doc},
+    {"event_body", (PyCFunction)(void (*)(void))event_body, METH_FASTCALL, event_body_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot slots[] = {
+    {0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "cdcd._rowjson",
+    "A row's JSON straight from pgoutput's column bytes (see cdcd/_rowjson.c).", 0, methods,
+    slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__rowjson(void) { return PyModuleDef_Init(&moduledef); }
