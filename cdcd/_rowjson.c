@@ -6,8 +6,8 @@
  *     orjson.dumps({name: convert(value) for each selected column})
  *
  * where convert is the column's JSON converter (cdcd.values.types.RowDecoder, target "json").
- * For the column types whose text form needs no Python value (integers, booleans, text-like
- * types, timestamps) the bytes are copied, quoted or escaped here; every other value goes through
+ * For the column types whose text form needs no Python value (integers, floats, booleans,
+ * text-like types, timestamps) the bytes are copied, quoted or escaped here; every other value goes through
  * its converter and `dumps` (orjson.dumps), so nothing about a type's JSON form lives only here.
  * Whenever a fast path's conditions do not hold (an integer with a sign or leading zeros, text
  * that is not valid UTF-8, a timestamp in another form) the value takes the converter too: the
@@ -28,6 +28,7 @@ enum {
     J_STRING = 3,    /* bytes.decode(): a JSON string */
     J_TIMESTAMPTZ = 4, /* vt.timestamptz_json */
     J_TIMESTAMP = 5, /* vt.timestamp_json */
+    J_FLOAT = 6,     /* vt.float_json: float(text), which orjson writes in shortest form */
 };
 
 #define KIND_NULL 'n'
@@ -211,6 +212,67 @@ static int canonical_int(const char *s, Py_ssize_t n) {
     return 1;
 }
 
+/* A float's text that orjson writes, for float(text), as the same digits in fixed notation:
+ * [-]digits[.digits] with no exponent, an integer part of at most 15 digits without a leading
+ * zero (so |x| < 1e15), at most 15 significant digits in all (so the text is the shortest form
+ * of its double: two decimals of 15 digits or fewer never round to the same double), and, below
+ * 1, at most four zeros after the point (orjson switches to an exponent under 1e-5). Written as
+ * orjson does: trailing zeros of the fraction dropped, ".0" when nothing is left of it. */
+static int put_float(Buf *b, const char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0, sign = 0;
+    if (n > 0 && s[0] == '-')
+        i = sign = 1;
+    Py_ssize_t int_start = i;
+    while (i < n && s[i] >= '0' && s[i] <= '9')
+        i++;
+    Py_ssize_t int_len = i - int_start;
+    if (int_len < 1 || int_len > 15 || (int_len > 1 && s[int_start] == '0'))
+        return 0;
+    Py_ssize_t frac_start = n, frac_len = 0;
+    if (i < n) {
+        if (s[i] != '.')
+            return 0;
+        frac_start = ++i;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+        if (i != n || i == frac_start)
+            return 0;
+        frac_len = n - frac_start;
+    }
+    while (frac_len > 0 && s[frac_start + frac_len - 1] == '0')
+        frac_len--;  /* trailing zeros: not significant, not written */
+    int zero_int = int_len == 1 && s[int_start] == '0';
+    Py_ssize_t significant = zero_int ? 0 : int_len;
+    if (zero_int && frac_len > 0) {
+        Py_ssize_t lead = 0;
+        while (s[frac_start + lead] == '0')
+            lead++;
+        if (lead > 4)
+            return 0;
+        significant = frac_len - lead;
+    } else {
+        significant += frac_len;
+    }
+    if (significant > 15)
+        return 0;
+    if (buf_reserve(b, sign + int_len + 1 + (frac_len ? frac_len : 1)) < 0)
+        return -1;
+    char *out = b->data + b->len;
+    if (sign)
+        *out++ = '-';
+    memcpy(out, s + int_start, (size_t)int_len);
+    out += int_len;
+    *out++ = '.';
+    if (frac_len) {
+        memcpy(out, s + frac_start, (size_t)frac_len);
+        out += frac_len;
+    } else {
+        *out++ = '0';
+    }
+    b->len = out - b->data;
+    return 1;
+}
+
 /* The fast path of one text value; 1 written, 0 not applicable (the converter's turn), -1 error. */
 static int put_fast(Buf *b, int code, const char *s, Py_ssize_t n) {
     switch (code) {
@@ -246,6 +308,8 @@ static int put_fast(Buf *b, int code, const char *s, Py_ssize_t n) {
             return 1;
         }
         return put_t_form(b, s, n, "", 0) < 0 ? -1 : 1;
+    case J_FLOAT:
+        return put_float(b, s, n);
     default:
         return 0;
     }
@@ -435,22 +499,24 @@ static int put_bytes(Buf *b, PyObject *obj) {
 
 PyDoc_STRVAR(event_body_doc,
 "event_body(before, after, source_head, lsn, prev_lsn, commit_lsn, seq, extra, op, ts_ms,\n"
-"           txid, dco) -> bytes\n\n"
+"           txid, dco, key) -> bytes\n\n"
 "A row event's JSON without its closing brace, as ChangeEvent._body formats it in Python:\n"
 "``{\"before\":<before>,\"after\":<after>,\"source\":<source_head>\"lsn\":...,\"seq\":<seq>"
 "<extra>},\"op\":...,\"transaction\":...``. ``before``/``after``/``source_head``/``extra``: JSON\n"
 "bytes; ``op``, ``txid``: str written as they are (``txid`` None: a null transaction block);\n"
-"``prev_lsn`` None: the first event of its transaction.");
+"``prev_lsn`` None: the first event of its transaction. ``key`` (JSON bytes) given: the whole\n"
+"JSON Lines record instead, ``<body>,\"key\":<key>}``.");
 
 static PyObject *event_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "event_body takes 12 arguments");
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "event_body takes 13 arguments");
         return NULL;
     }
     PyObject *before = args[0], *after = args[1], *head = args[2], *lsn = args[3];
     PyObject *prev = args[4], *commit_lsn = args[5], *seq = args[6], *extra = args[7];
     PyObject *op = args[8], *ts_ms = args[9], *txid = args[10], *dco = args[11];
+    PyObject *key = args[12];
     Buf b;
     buf_init(&b);
     if (PUT_LIT(&b, "{\"before\":") < 0 || put_bytes(&b, before) < 0
@@ -482,6 +548,9 @@ static PyObject *event_body(PyObject *self, PyObject *const *args, Py_ssize_t na
             || PUT_LIT(&b, "}") < 0)
             goto fail;
     }
+    if (key != Py_None  /* the JSON Lines record: the key, and the value's closing brace */
+        && (PUT_LIT(&b, ",\"key\":") < 0 || put_bytes(&b, key) < 0 || PUT_LIT(&b, "}") < 0))
+        goto fail;
     return buf_finish(&b);
 fail:
     buf_free(&b);

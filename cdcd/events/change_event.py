@@ -520,7 +520,12 @@ class ChangeEvent:
     def record_json(self) -> bytes:
         """One JSON Lines line (without the newline): the value plus a top-level ``key``."""
         key = self.key_json()
-        return b"".join((self._body(), b',"key":', b"null" if key is None else key, b"}"))
+        key_json = b"null" if key is None else key
+        if self._json_body is None and C_EVENT_BODY is not None:
+            made = self._make_body(key_json)  # the whole record in one piece
+            if made is not None:
+                return made
+        return b"".join((self._body(), b',"key":', key_json, b"}"))
 
     def _body(self) -> bytes:
         """The value's JSON without its closing brace, cached.
@@ -532,66 +537,72 @@ class ChangeEvent:
         unchanged TOAST to fill in, the event is half of a key change, or the rows are built
         already. Messages and truncates serialise :meth:`value`."""
         body = self._json_body
-        if body is not None:
-            return body
+        if body is None:
+            body = self._make_body(None)
+            assert body is not None
+            self._json_body = body
+        return body
+
+    def _make_body(self, key: bytes | None) -> bytes | None:
+        """:meth:`_body`, not cached; with ``key`` (cdcd._rowjson in use), the whole JSON Lines
+        record with that key instead, or None for a message or a truncate."""
         op = self.op
         if op == "m" or op == "t":
-            body = orjson.dumps(self.value())[:-1]
-        else:
-            rel = self._rel
-            before_json = after_json = None
-            unchanged: list[str] = []
-            if rel is not None and self._extra is None and self._json_rows is None:
-                dec = rel.decoder(False)
-                old, new = self._before_tup, self._after_tup
-                after_json = b"null" if new is None else dec.row_json(new)
-                if after_json is not None:
-                    before_json = b"null" if old is None else dec.row_json(old)
-            if before_json is None or after_json is None:
-                before, after, unchanged = self._rows(False)
-                before_json = b"null" if before is None else orjson.dumps(before)
-                after_json = b"null" if after is None else orjson.dumps(after)
-            txn = self._txn
-            lsn = self.lsn
-            seq = self.seq
-            prev = self._prev_lsn
-            txid = txn.txid
-            link = self.key_link() if self._extra is not None else None
-            extra = txn.origin_json  # what the source block has after "seq"
-            if unchanged or link is not None:
-                extra = b"".join(
-                    (
-                        extra,
-                        b',"unchanged_toast":' + orjson.dumps(unchanged) if unchanged else b"",
-                        b"" if link is None else f',"{link[0]}":'.encode() + orjson.dumps(link[1]),
-                    )
+            return None if key is not None else orjson.dumps(self.value())[:-1]
+        rel = self._rel
+        before_json = after_json = None
+        unchanged: list[str] = []
+        if rel is not None and self._extra is None and self._json_rows is None:
+            dec = rel.decoder(False)
+            old, new = self._before_tup, self._after_tup
+            after_json = b"null" if new is None else dec.row_json(new)
+            if after_json is not None:
+                before_json = b"null" if old is None else dec.row_json(old)
+        if before_json is None or after_json is None:
+            before, after, unchanged = self._rows(False)
+            before_json = b"null" if before is None else orjson.dumps(before)
+            after_json = b"null" if after is None else orjson.dumps(after)
+        txn = self._txn
+        lsn = self.lsn
+        seq = self.seq
+        prev = self._prev_lsn
+        txid = txn.txid
+        link = self.key_link() if self._extra is not None else None
+        extra = txn.origin_json  # what the source block has after "seq"
+        if unchanged or link is not None:
+            extra = b"".join(
+                (
+                    extra,
+                    b',"unchanged_toast":' + orjson.dumps(unchanged) if unchanged else b"",
+                    b"" if link is None else f',"{link[0]}":'.encode() + orjson.dumps(link[1]),
                 )
-            head = txn.source_head(self._rel, self._snapshot)
-            if C_EVENT_BODY is not None:  # the same bytes as below, from cdcd/_rowjson.c
-                body = C_EVENT_BODY(
-                    before_json, after_json, head, lsn, prev, self.commit_lsn, seq, extra, op,
-                    self.ts_ms, txid, self._dco,
-                )  # fmt: skip
-            else:
-                first = "null" if prev is None else f'\\"{prev}\\"'
-                block = (
-                    "null"
-                    if txid is None
-                    else f'{{"id":"{txid}","total_order":{seq + 1},"data_collection_order":{self._dco}}}'
-                )
-                body = b"".join(
-                    (
-                        b'{"before":',
-                        before_json,
-                        b',"after":',
-                        after_json,
-                        b',"source":',
-                        head,
-                        f'"lsn":{lsn},"sequence":"[{first},\\"{lsn}\\"]","xmin":null,'
-                        f'"commit_lsn":{self.commit_lsn},"seq":{seq}'.encode(),
-                        extra,
-                        f'}},"op":"{op}","ts_ms":{self.ts_ms},"transaction":{block}'.encode(),
-                    )
-                )
-        self._json_body = body
+            )
+        head = txn.source_head(self._rel, self._snapshot)
+        if C_EVENT_BODY is not None:  # the same bytes as below, from cdcd/_rowjson.c
+            return C_EVENT_BODY(
+                before_json, after_json, head, lsn, prev, self.commit_lsn, seq, extra, op,
+                self.ts_ms, txid, self._dco, key,
+            )  # fmt: skip
+        if key is not None:
+            return None  # the caller joins the record
+        first = "null" if prev is None else f'\\"{prev}\\"'
+        block = (
+            "null"
+            if txid is None
+            else f'{{"id":"{txid}","total_order":{seq + 1},"data_collection_order":{self._dco}}}'
+        )
+        body = b"".join(
+            (
+                b'{"before":',
+                before_json,
+                b',"after":',
+                after_json,
+                b',"source":',
+                head,
+                f'"lsn":{lsn},"sequence":"[{first},\\"{lsn}\\"]","xmin":null,'
+                f'"commit_lsn":{self.commit_lsn},"seq":{seq}'.encode(),
+                extra,
+                f'}},"op":"{op}","ts_ms":{self.ts_ms},"transaction":{block}'.encode(),
+            )
+        )
         return body

@@ -445,7 +445,8 @@ C_EVENT_BODY: Final[Callable[..., bytes] | None] = None if _ROWJSON is None else
 
 #: The fast path of each column in cdcd._rowjson.row_json (the codes of cdcd/_rowjson.c), by
 #: the column's text converter: the integer text as it is, ``true``/``false``, the text as a
-#: JSON string, a timestamp rewritten in ISO form; any other converter: called, then orjson.
+#: JSON string, a timestamp rewritten in ISO form, a float's digits as orjson writes them; any
+#: other converter: called, then orjson.
 JSON_CONVERT: Final = 0
 _JSON_CODES: Final[dict[Callable[[Any], Any], int]] = {
     int: 1,
@@ -453,6 +454,7 @@ _JSON_CODES: Final[dict[Callable[[Any], Any], int]] = {
     _decode: 3,
     vt.timestamptz_json: 4,
     vt.timestamp_json: 5,
+    vt.float_json: 6,
 }
 
 

@@ -22,9 +22,9 @@ from cdcd.values import types as vtypes
 from cdcd.values.types import RowDecoder, TypeRegistry, json_prefixes
 
 # oid: int2, int4, int8, oid, xid8, bool, text, varchar, name, json, jsonb, uuid, numeric, date,
-# timestamptz, timestamp, float8, bytea, interval, an unknown type
+# timestamptz, timestamp, float8, float4, bytea, interval, an unknown type
 OIDS = (21, 23, 20, 26, 5069, 16, 25, 1043, 19, 114, 3802, 2950, 1700, 1082, 1184, 1114, 701,
-        17, 1186, 99999)  # fmt: skip
+        700, 17, 1186, 99999)  # fmt: skip
 
 DIGITS = st.text("0123456789", min_size=0, max_size=22)
 INTEGER_TEXT = st.one_of(
@@ -41,6 +41,37 @@ TEXT = st.one_of(
 RAW = st.one_of(
     st.binary(max_size=12),
     st.sampled_from([b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82"]),
+)
+FLOAT_TEXT = st.one_of(
+    st.floats().map(repr),
+    st.floats(allow_nan=False, allow_infinity=False).map(lambda x: f"{x:.17g}"),
+    st.floats(-1e16, 1e16).map(lambda x: f"{x:.6f}"),
+    st.tuples(
+        st.sampled_from(["", "-", "+"]),
+        st.text("0123456789", min_size=0, max_size=17),
+        st.sampled_from(["", "."]),
+        st.text("0123456789", min_size=0, max_size=17),
+        st.sampled_from(["", "e5", "e-05", " "]),
+    ).map("".join),
+    st.sampled_from(
+        [
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "-0",
+            "0.00001",
+            "0.000001",
+            "1e-05",
+            "123456789012345",
+            "1234567890123456",
+            "0.123456789012345",
+            "0.1234567890123456",
+            "100",
+            "100.000",
+            ".5",
+            "5.",
+        ]
+    ),
 )
 TIMESTAMP_TEXT = st.one_of(
     st.tuples(
@@ -63,8 +94,8 @@ def _text_for(oid: int) -> st.SearchStrategy[bytes]:
         return st.sampled_from([b"t", b"f", b"", b"true", b"T"])
     if oid in (1184, 1114):
         return st.one_of(TIMESTAMP_TEXT.map(str.encode), RAW)
-    if oid == 701:
-        return st.one_of(st.floats().map(lambda x: repr(x).encode()), RAW)
+    if oid in (700, 701):
+        return st.one_of(FLOAT_TEXT.map(str.encode), RAW)
     return st.one_of(TEXT.map(str.encode), RAW)
 
 
@@ -184,3 +215,25 @@ def test_a_value_that_cannot_convert_is_named_as_decode_names_it() -> None:
         dec.row_json(TupleData(b"tt", (b"1", b"\xff")))
     with pytest.raises(RemoteProtocolError, match=r"column 'id' of public\.t"):
         dec.row_json(TupleData(b"tt", (b"x1", b"ok")))
+
+
+@needs_c
+@settings(max_examples=3000, deadline=None)
+@given(text=FLOAT_TEXT, oid=st.sampled_from([700, 701]))
+def test_a_float_is_written_as_orjson_writes_it(text: str, oid: int) -> None:
+    """The float fast path copies digits only where they are the double's shortest form in
+    orjson's fixed notation (at most 15 significant digits, 1e-5 <= |x| < 1e15)."""
+    relation = Relation(None, 1, "public", "t", "d", (Column(0, "x", oid, -1),))
+    dec = RowDecoder(relation, TypeRegistry(), "json")
+    tup = TupleData(b"t", (text.encode(),))
+    assert _actual(lambda: dec.row_json(tup)) == _expected(dec, tup)
+
+
+@needs_c
+@pytest.mark.parametrize(
+    "text",
+    ["0.00001", "0.000001", "0.10000000000000001", "0.30000000000000004", "123456789012345",
+     "1234567890123456", "-0", "-0.000", "100", "100.50", "00.5", "5.", ".5", "1e-05"],
+)  # fmt: skip
+def test_float_edges(text: str) -> None:
+    test_a_float_is_written_as_orjson_writes_it.hypothesis.inner_test(text, 701)  # type: ignore[attr-defined]
