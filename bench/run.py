@@ -551,8 +551,22 @@ def _profiled(setup: Setup, contender: str, cmd: list[str]) -> list[str]:
     if setup.profile is None:
         return cmd
     setup.profile.mkdir(parents=True, exist_ok=True)
-    raw = setup.profile / f"{setup.workload.name}-{contender}.txt"
-    return ["py-spy", "record", "--format", "raw", "-r", "250", "-o", str(raw), "--", *cmd]
+    base = "base_" if setup.baseline is not None and setup.checkout == setup.baseline else ""
+    raw = setup.profile / f"{setup.workload.name}-{base}{contender}.txt"
+    # --native: time in compiled modules and C extensions attributed to their functions
+    return [
+        "py-spy",
+        "record",
+        "--native",
+        "--format",
+        "raw",
+        "-r",
+        "250",
+        "-o",
+        str(raw),
+        "--",
+        *cmd,
+    ]
 
 
 def run_snapshot(setup: Setup, slot: str, contender: str) -> Result:
