@@ -512,9 +512,18 @@ def cdcd_env(work: Path, latency: bool, checkout: Path = REPO) -> dict[str, str]
     return env
 
 
+def check_package(stats: dict[str, Any], checkout: Path, contender: str) -> None:
+    """A contender must have run the cdcd package of the checkout it stands for (its bench
+    stats name the package directory; a baseline commit older than that field cannot say)."""
+    ran = stats.get("cdcd_package")
+    if ran is not None and Path(ran).resolve() != (checkout / "cdcd").resolve():
+        raise RuntimeError(f"{contender} ran the cdcd package in {ran}, not {checkout / 'cdcd'}")
+
+
 def cdcd_result(setup: Setup, contender: str, work: Path, m: Measured) -> Result:
     _check(m, contender)
     stats = orjson.loads((work / "stats.json").read_bytes())
+    check_package(stats, setup.checkout, contender)
     extra: dict[str, Any] = {"socket_reads": stats.get("socket_reads")}
     if setup.workload.memory_limit_mb is not None:
         extra["spilled_bytes"] = stats["spilled_bytes"]
@@ -581,9 +590,11 @@ def run_snapshot(setup: Setup, slot: str, contender: str) -> Result:
         cmd = _profiled(
             setup, contender, [sys.executable, "-m", "cdcd", "run", "--config", str(config)]
         )
-        m = run_measured(cmd, env=cdcd_env(work, False, setup.checkout))
+        # cwd: ``python -m`` puts the working directory first on the path, before PYTHONPATH
+        m = run_measured(cmd, env=cdcd_env(work, False, setup.checkout), cwd=setup.checkout)
         _check(m, contender)
         stats = orjson.loads((work / "stats.json").read_bytes())
+        check_package(stats, setup.checkout, contender)
         rows = stats["events_by_table"]["public.s1"]
         if rows != setup.expected_rows:  # a fast snapshot that lost rows is no result
             raise RuntimeError(f"{contender} emitted {rows} rows of {setup.expected_rows}")

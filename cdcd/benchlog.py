@@ -13,7 +13,9 @@ Two environment variables, read once when the pipeline starts:
 
 ``CDCD_BENCH_STATS=<file>``
     One JSON object written when the pipeline stops: events (also per op and per table),
-    transactions, received bytes and messages, spilled bytes, and the process's peak RSS.
+    transactions, received bytes and messages, spilled bytes, the process's peak RSS, and the
+    directory of the cdcd package that ran (``cdcd_package``: the harness checks that it ran the
+    checkout it meant to measure).
 
 Neither changes what the pipeline does; the latency task costs a wake-up every 2 ms.
 """
@@ -99,6 +101,7 @@ def write_stats(stats: Stats, assembler: Any = None) -> None:
         "spilled_bytes": assembler.total_spilled_bytes if assembler is not None else 0,
         "spill_count": assembler.spill_count if assembler is not None else 0,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cdcd_package": os.path.dirname(os.path.abspath(__file__)),
     }
     with open(path, "wb") as f:
         f.write(orjson.dumps(summary) + b"\n")

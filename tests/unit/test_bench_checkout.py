@@ -41,3 +41,11 @@ def test_uncommitted_changes_are_reported(tmp_path: Path) -> None:
     state = run.prepare_checkout(checkout)
     assert state["dirty"]
     run.check_checkout(checkout)  # the state at the start is what counts
+
+
+def test_a_contender_that_ran_another_package_fails(tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    run.check_package({"cdcd_package": str(checkout / "cdcd")}, checkout, "base_cdcd_null")
+    run.check_package({}, checkout, "base_cdcd_null")  # an older baseline cannot say
+    with pytest.raises(RuntimeError, match="base_cdcd_null ran the cdcd package in /elsewhere"):
+        run.check_package({"cdcd_package": "/elsewhere/cdcd"}, checkout, "base_cdcd_null")
