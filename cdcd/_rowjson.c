@@ -343,6 +343,86 @@ PyDoc_STRVAR(row_json_doc,
 "values. None when a selected column is unchanged TOAST or the tuple has another number of\n"
 "columns (the caller's general path handles both); converter errors propagate.");
 
+/* A row's JSON object into b: 1 written, 0 the general path must take it (unchanged TOAST
+ * among the selected columns, an unknown kind, a tuple of another width; b then holds part of
+ * it), -1 an error (set). Arguments as row_json's, types checked by the caller but values. */
+static int put_row(Buf *b, PyObject *names, PyObject *idx, PyObject *codes, PyObject *text_convs,
+                   PyObject *binary_convs, PyObject *kinds, PyObject *values, PyObject *dumps) {
+    if (!PyBytes_Check(kinds) || !PyTuple_Check(values))  /* anything else: general path */
+        return 0;
+    Py_ssize_t ncols = PyBytes_GET_SIZE(codes);
+    if (PyBytes_GET_SIZE(kinds) != ncols || PyTuple_GET_SIZE(values) != ncols
+        || PyTuple_GET_SIZE(text_convs) != ncols || PyTuple_GET_SIZE(binary_convs) != ncols)
+        return 0;
+    Py_ssize_t count = idx == Py_None ? ncols : PyTuple_GET_SIZE(idx);
+    if (PyTuple_GET_SIZE(names) != count) {
+        PyErr_SetString(PyExc_ValueError, "row_json: one name per selected column");
+        return -1;
+    }
+    const char *kind = PyBytes_AS_STRING(kinds);
+    const char *code = PyBytes_AS_STRING(codes);
+    /* unchanged TOAST among the selected columns: the caller's general path, before any work */
+    if (idx == Py_None) {
+        if (memchr(kind, KIND_UNCHANGED, (size_t)ncols) != NULL)
+            return 0;
+    } else {
+        for (Py_ssize_t j = 0; j < count; j++) {
+            Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
+            if (i >= 0 && i < ncols && kind[i] == KIND_UNCHANGED)
+                return 0;
+        }
+        PyErr_Clear();  /* a bad index is reported below */
+    }
+    for (Py_ssize_t j = 0; j < count; j++) {
+        Py_ssize_t i = j;
+        if (idx != Py_None) {
+            i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
+            if (i == -1 && PyErr_Occurred())
+                return -1;
+            if (i < 0 || i >= ncols) {
+                PyErr_SetString(PyExc_IndexError, "row_json: column index out of range");
+                return -1;
+            }
+        }
+        if (kind[i] == KIND_UNCHANGED)
+            return 0;
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        if (!PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "row_json: names must be bytes");
+            return -1;
+        }
+        if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0)
+            return -1;
+        PyObject *value = PyTuple_GET_ITEM(values, i);
+        int rc = 0;
+        if (kind[i] == KIND_NULL) {
+            rc = buf_put(b, "null", 4) < 0 ? -1 : 1;
+        } else if (kind[i] == KIND_TEXT) {
+            if (PyBytes_Check(value))
+                rc = put_fast(b, code[i], PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
+            if (rc == 0)
+                rc = put_converted(b, PyTuple_GET_ITEM(text_convs, i), value, dumps) < 0 ? -1 : 1;
+        } else if (kind[i] == KIND_BINARY) {
+            rc = put_converted(b, PyTuple_GET_ITEM(binary_convs, i), value, dumps) < 0 ? -1 : 1;
+        } else {  /* an unknown kind: the general path names it */
+            return 0;
+        }
+        if (rc < 0)
+            return -1;
+    }
+    return buf_put(b, count ? "}" : "{}", count ? 1 : 2) < 0 ? -1 : 1;
+}
+
+static int row_args_ok(PyObject *names, PyObject *idx, PyObject *codes, PyObject *text_convs,
+                       PyObject *binary_convs) {
+    if (!PyTuple_Check(names) || !(idx == Py_None || PyTuple_Check(idx)) || !PyBytes_Check(codes)
+        || !PyTuple_Check(text_convs) || !PyTuple_Check(binary_convs)) {
+        PyErr_SetString(PyExc_TypeError, "row_json: wrong argument types");
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *row_json(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 8) {
@@ -351,83 +431,20 @@ static PyObject *row_json(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     PyObject *names = args[0], *idx = args[1], *codes = args[2], *text_convs = args[3];
     PyObject *binary_convs = args[4], *kinds = args[5], *values = args[6], *dumps = args[7];
-    if (!PyTuple_Check(names) || !(idx == Py_None || PyTuple_Check(idx)) || !PyBytes_Check(codes)
-        || !PyTuple_Check(text_convs) || !PyTuple_Check(binary_convs) || !PyBytes_Check(kinds)) {
+    if (!row_args_ok(names, idx, codes, text_convs, binary_convs))
+        return NULL;
+    if (!PyBytes_Check(kinds)) {
         PyErr_SetString(PyExc_TypeError, "row_json: wrong argument types");
         return NULL;
     }
-    if (!PyTuple_Check(values))  /* TupleData.values is a tuple; anything else: general path */
-        Py_RETURN_NONE;
-    Py_ssize_t ncols = PyBytes_GET_SIZE(codes);
-    if (PyBytes_GET_SIZE(kinds) != ncols || PyTuple_GET_SIZE(values) != ncols
-        || PyTuple_GET_SIZE(text_convs) != ncols || PyTuple_GET_SIZE(binary_convs) != ncols)
-        Py_RETURN_NONE;
-    Py_ssize_t count = idx == Py_None ? ncols : PyTuple_GET_SIZE(idx);
-    if (PyTuple_GET_SIZE(names) != count) {
-        PyErr_SetString(PyExc_ValueError, "row_json: one name per selected column");
-        return NULL;
-    }
-    const char *kind = PyBytes_AS_STRING(kinds);
-    const char *code = PyBytes_AS_STRING(codes);
-    /* unchanged TOAST among the selected columns: the caller's general path, before any work */
-    if (idx == Py_None) {
-        if (memchr(kind, KIND_UNCHANGED, (size_t)ncols) != NULL)
-            Py_RETURN_NONE;
-    } else {
-        for (Py_ssize_t j = 0; j < count; j++) {
-            Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
-            if (i >= 0 && i < ncols && kind[i] == KIND_UNCHANGED)
-                Py_RETURN_NONE;
-        }
-        PyErr_Clear();  /* a bad index is reported below */
-    }
     Buf b;
     buf_init(&b);
-    for (Py_ssize_t j = 0; j < count; j++) {
-        Py_ssize_t i = j;
-        if (idx != Py_None) {
-            i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
-            if (i == -1 && PyErr_Occurred())
-                goto fail;
-            if (i < 0 || i >= ncols) {
-                PyErr_SetString(PyExc_IndexError, "row_json: column index out of range");
-                goto fail;
-            }
-        }
-        if (kind[i] == KIND_UNCHANGED) {
-            buf_free(&b);
-            Py_RETURN_NONE;
-        }
-        PyObject *name = PyTuple_GET_ITEM(names, j);
-        if (!PyBytes_Check(name)) {
-            PyErr_SetString(PyExc_TypeError, "row_json: names must be bytes");
-            goto fail;
-        }
-        if (buf_put(&b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0)
-            goto fail;
-        PyObject *value = PyTuple_GET_ITEM(values, i);
-        int rc = 0;
-        if (kind[i] == KIND_NULL) {
-            rc = buf_put(&b, "null", 4) < 0 ? -1 : 1;
-        } else if (kind[i] == KIND_TEXT) {
-            if (PyBytes_Check(value))
-                rc = put_fast(&b, code[i], PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value));
-            if (rc == 0)
-                rc = put_converted(&b, PyTuple_GET_ITEM(text_convs, i), value, dumps) < 0 ? -1 : 1;
-        } else if (kind[i] == KIND_BINARY) {
-            rc = put_converted(&b, PyTuple_GET_ITEM(binary_convs, i), value, dumps) < 0 ? -1 : 1;
-        } else {  /* an unknown kind: the general path names it */
-            buf_free(&b);
-            Py_RETURN_NONE;
-        }
-        if (rc < 0)
-            goto fail;
-    }
-    if (buf_put(&b, count ? "}" : "{}", count ? 1 : 2) < 0)
-        goto fail;
-    return buf_finish(&b);
-fail:
+    int rc = put_row(&b, names, idx, codes, text_convs, binary_convs, kinds, values, dumps);
+    if (rc == 1)
+        return buf_finish(&b);
     buf_free(&b);
+    if (rc == 0)
+        Py_RETURN_NONE;
     return NULL;
 }
 
@@ -557,9 +574,112 @@ fail:
     return NULL;
 }
 
+static int put_ll(Buf *b, long long v) {
+    char digits[24];
+    int n = snprintf(digits, sizeof digits, "%lld", v);
+    return buf_put(b, digits, n);
+}
+
+static PyObject *ATTR_KINDS, *ATTR_VALUES;
+
+PyDoc_STRVAR(snapshot_lines_doc,
+"snapshot_lines(rows, names, codes, text_convs, binary_convs, key_idx, key_names, head,\n"
+"               last_head, last_index, commit_lsn, first_seq, ts_ms, extra, dumps)\n"
+"    -> bytes | None\n\n"
+"The JSON Lines records, each followed by a newline, of the op \"r\" events that\n"
+"Encoder.snapshot_run makes of ``rows`` (TupleData of one table): row i has seq\n"
+"``first_seq + i``, lsn and commit_lsn ``commit_lsn``, a previous lsn from its second row on,\n"
+"the source fields ``head`` (``last_head`` for row ``last_index``; -1: none) then ``extra``\n"
+"after seq, no before image and no transaction block; its key from the columns ``key_idx``\n"
+"(None: a null key). The same bytes as each event's record_json(). None when a row needs the\n"
+"general path (unchanged TOAST, another width); a converter's error propagates.");
+
+static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 15) {
+        PyErr_SetString(PyExc_TypeError, "snapshot_lines takes 15 arguments");
+        return NULL;
+    }
+    PyObject *rows = args[0], *names = args[1], *codes = args[2], *text_convs = args[3];
+    PyObject *binary_convs = args[4], *key_idx = args[5], *key_names = args[6];
+    PyObject *head = args[7], *last_head = args[8], *extra = args[13], *dumps = args[14];
+    if (!PyList_Check(rows) || !row_args_ok(names, Py_None, codes, text_convs, binary_convs)
+        || !(key_idx == Py_None || (PyTuple_Check(key_idx) && PyTuple_Check(key_names)))) {
+        PyErr_SetString(PyExc_TypeError, "snapshot_lines: wrong argument types");
+        return NULL;
+    }
+    Py_ssize_t last_index = PyLong_AsSsize_t(args[9]);
+    long long commit_lsn = PyLong_AsLongLong(args[10]);
+    long long first_seq = PyLong_AsLongLong(args[11]);
+    long long ts_ms = PyLong_AsLongLong(args[12]);
+    if (PyErr_Occurred())
+        return NULL;
+    Buf b;
+    buf_init(&b);
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        PyObject *kinds = PyObject_GetAttr(row, ATTR_KINDS);
+        if (kinds == NULL)
+            goto fail;
+        PyObject *values = PyObject_GetAttr(row, ATTR_VALUES);
+        if (values == NULL) {
+            Py_DECREF(kinds);
+            goto fail;
+        }
+        int rc = PUT_LIT(&b, "{\"before\":null,\"after\":") < 0 ? -1 : 1;
+        if (rc == 1)
+            rc = put_row(&b, names, Py_None, codes, text_convs, binary_convs, kinds, values, dumps);
+        if (rc == 1) {
+            long long seq = first_seq + i;
+            PyObject *source = i == last_index ? last_head : head;
+            if (PUT_LIT(&b, ",\"source\":") < 0 || put_bytes(&b, source) < 0
+                || PUT_LIT(&b, "\"lsn\":") < 0 || put_ll(&b, commit_lsn) < 0
+                || PUT_LIT(&b, ",\"sequence\":\"[") < 0)
+                rc = -1;
+            else if (i == 0 ? PUT_LIT(&b, "null") < 0
+                            : (PUT_LIT(&b, "\\\"") < 0 || put_ll(&b, commit_lsn) < 0
+                               || PUT_LIT(&b, "\\\"") < 0))
+                rc = -1;
+            else if (PUT_LIT(&b, ",\\\"") < 0 || put_ll(&b, commit_lsn) < 0
+                     || PUT_LIT(&b, "\\\"]\",\"xmin\":null,\"commit_lsn\":") < 0
+                     || put_ll(&b, commit_lsn) < 0 || PUT_LIT(&b, ",\"seq\":") < 0
+                     || put_ll(&b, seq) < 0 || put_bytes(&b, extra) < 0
+                     || PUT_LIT(&b, "},\"op\":\"r\",\"ts_ms\":") < 0 || put_ll(&b, ts_ms) < 0
+                     || PUT_LIT(&b, ",\"transaction\":") < 0)
+                rc = -1;
+            else if (PUT_LIT(&b, "null") < 0)  /* snapshot rows: no transaction block */
+                rc = -1;
+            else if (PUT_LIT(&b, ",\"key\":") < 0)
+                rc = -1;
+            else if (key_idx == Py_None)
+                rc = PUT_LIT(&b, "null") < 0 ? -1 : 1;
+            else
+                rc = put_row(&b, key_names, key_idx, codes, text_convs, binary_convs, kinds, values,
+                             dumps);
+            if (rc == 1 && PUT_LIT(&b, "}\n") < 0)
+                rc = -1;
+        }
+        Py_DECREF(kinds);
+        Py_DECREF(values);
+        if (rc < 0)
+            goto fail;
+        if (rc == 0) {
+            buf_free(&b);
+            Py_RETURN_NONE;
+        }
+    }
+    return buf_finish(&b);
+fail:
+    buf_free(&b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"row_json", (PyCFunction)(void (*)(void))row_json, METH_FASTCALL, row_json_doc},
     {"event_body", (PyCFunction)(void (*)(void))event_body, METH_FASTCALL, event_body_doc},
+    {"snapshot_lines", (PyCFunction)(void (*)(void))snapshot_lines, METH_FASTCALL,
+     snapshot_lines_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -573,4 +693,10 @@ static struct PyModuleDef moduledef = {
     slots, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__rowjson(void) { return PyModuleDef_Init(&moduledef); }
+PyMODINIT_FUNC PyInit__rowjson(void) {
+    if (ATTR_KINDS == NULL && (ATTR_KINDS = PyUnicode_InternFromString("kinds")) == NULL)
+        return NULL;
+    if (ATTR_VALUES == NULL && (ATTR_VALUES = PyUnicode_InternFromString("values")) == NULL)
+        return NULL;
+    return PyModuleDef_Init(&moduledef);
+}

@@ -41,6 +41,7 @@ methods:
                                           ("_messages" for logical messages) and op
     snapshot_events(relation, rows, *, commit_lsn, commit_time, first_seq=0, xid=None,
                     last=False) -> Iterator[ChangeEvent]          (op "r")
+    snapshot_run(relation, rows, ...) -> SnapshotRun   the same events, made when asked for
     schema_info(relation) -> dict                                 (the file sink's _schema files)
 
 Rules the encoder implements (README "Change events"):
@@ -100,6 +101,7 @@ from cdcd.decoder.events import (
 from cdcd.events.catalog import Catalog
 from cdcd.events.change_event import ChangeEvent, KeyLink, RelInfo, TxnInfo
 from cdcd.events.context import SinkContext
+from cdcd.events.snapshot_run import SnapshotRun
 
 __all__ = ["Encoder"]
 
@@ -300,7 +302,33 @@ class Encoder:
         xid: int | None = None,
         last: bool = False,
     ) -> Iterator[ChangeEvent]:
-        """Op ``r`` events for rows read by an initial snapshot.
+        """Op ``r`` events for rows read by an initial snapshot: :meth:`snapshot_run`'s."""
+        batch = rows if isinstance(rows, list) else list(rows)
+        run = self.snapshot_run(
+            relation,
+            batch,
+            commit_lsn=commit_lsn,
+            commit_time=commit_time,
+            first_seq=first_seq,
+            xid=xid,
+            last=last,
+        )
+        yield from run.events()
+
+    def snapshot_run(
+        self,
+        relation: Relation,
+        rows: list[TupleData],
+        *,
+        commit_lsn: int,
+        commit_time: int,
+        first_seq: int = 0,
+        xid: int | None = None,
+        last: bool = False,
+    ) -> SnapshotRun:
+        """Op ``r`` events for rows read by an initial snapshot, made when a sink asks for them
+        (:class:`~cdcd.events.snapshot_run.SnapshotRun`; the JSON Lines writer takes their
+        records without making them).
 
         The snapshot feature chooses the position: ``commit_lsn`` = the slot's consistent
         point - 1 (a transaction can commit at the point itself, see :mod:`cdcd.source.snapshot`) and
@@ -310,24 +338,8 @@ class Encoder:
         """
         info = TxnInfo(self.context, xid, commit_lsn, commit_time, None, False)
         rel = self._rel(relation)
-        batch = rows if isinstance(rows, list) else list(rows)
-        final = len(batch) - 1 if last else -1
         ts_ms = int(self._clock() * 1000)  # processing time: once per batch of rows
         read: tuple[RelInfo | None, str] = (rel, "r")
-        self._counts[read] = self._counts.get(read, 0) + len(batch)
-        for index in range(len(batch)):
-            yield ChangeEvent(
-                "r",
-                rel,
-                info,
-                commit_lsn,
-                first_seq + index,
-                index + 1,
-                commit_lsn if index else None,
-                ts_ms,
-                None,
-                batch[index],
-                None,
-                None,
-                "last" if index == final else "true",
-            )  # positional: keywords cost a native constructor more than the event itself
+        self._counts[read] = self._counts.get(read, 0) + len(rows)
+        final = len(rows) - 1 if last else -1
+        return SnapshotRun(rel, info, rows, commit_lsn, first_seq, ts_ms, final)

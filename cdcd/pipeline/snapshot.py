@@ -252,15 +252,13 @@ async def initial_snapshot(
 
             async def emit(relation: Any, rows: list[TupleData], last: bool) -> None:
                 nonlocal seq, written
-                events = list(
-                    encoder.snapshot_events(
-                        relation,
-                        rows,
-                        commit_lsn=point - 1,
-                        commit_time=commit_time,
-                        first_seq=seq,
-                        last=last,
-                    )
+                events = encoder.snapshot_run(  # events made as a sink asks for them
+                    relation,
+                    rows,
+                    commit_lsn=point - 1,
+                    commit_time=commit_time,
+                    first_seq=seq,
+                    last=last,
                 )
                 seq += len(events)
                 await each_sink("write", lambda sink: sink.write(events))

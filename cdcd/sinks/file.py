@@ -77,6 +77,7 @@ from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Relation
 from cdcd.errors import DefiniteSinkError, SinkError
 from cdcd.events import ChangeEvent
+from cdcd.events.snapshot_run import SnapshotRun
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext
 from cdcd.sinks.file_formats import writer_class
@@ -505,10 +506,13 @@ class FileSink(Sink):
         counts = self._txn_counts if self.config.transactions else None
         start = 0
         while start < count:
-            relation = events[start].relation
-            end = start + 1
-            while end < count and events[end].relation is relation:
-                end += 1
+            if isinstance(events, SnapshotRun):  # one table's rows: one run
+                end = count
+            else:
+                relation = events[start].relation
+                end = start + 1
+                while end < count and events[end].relation is relation:
+                    end += 1
             run = events if start == 0 and end == count else events[start:end]
             folder = self._folder_for(run[0])
             self._where = folder.path

@@ -22,6 +22,7 @@ import orjson
 from cdcd.decoder.events import Relation
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.events import ChangeEvent
+from cdcd.events.snapshot_run import SnapshotRun
 
 if TYPE_CHECKING:
     from cdcd.sinks.file import FileSinkConfig
@@ -157,6 +158,13 @@ class JsonlTableWriter(TableWriter):
         self._size = 0
 
     def write(self, events: Sequence[ChangeEvent]) -> None:
+        if isinstance(events, SnapshotRun):  # a snapshot's rows: their records in one piece
+            data = events.jsonl()
+            if data is not None:
+                self._file.write(data)
+                self._size += len(data)
+                self.rows += len(events)
+                return
         self.write_lines([event.record_json() for event in events])
 
     def write_lines(self, lines: list[bytes]) -> None:

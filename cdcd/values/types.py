@@ -442,6 +442,7 @@ _ROWJSON: Final = _load_rowjson()
 _c_row_json: Final[RowJson | None] = None if _ROWJSON is None else _ROWJSON.row_json
 #: cdcd._rowjson.event_body, or None: ChangeEvent._body formats row events in Python then.
 C_EVENT_BODY: Final[Callable[..., bytes] | None] = None if _ROWJSON is None else _ROWJSON.event_body
+_c_snapshot_lines: Final[RowJson | None] = None if _ROWJSON is None else _ROWJSON.snapshot_lines
 
 #: The fast path of each column in cdcd._rowjson.row_json (the codes of cdcd/_rowjson.c), by
 #: the column's text converter: the integer text as it is, ``true``/``false``, the text as a
@@ -575,6 +576,47 @@ class RowDecoder:
             )
         except Exception as exc:
             raise self._explain(tup, exc) from exc
+
+    def snapshot_lines(
+        self,
+        rows: list[TupleData],
+        key_idx: tuple[int, ...] | None,
+        key_prefixes: tuple[bytes, ...],
+        head: bytes,
+        last_head: bytes,
+        final: int,
+        commit_lsn: int,
+        first_seq: int,
+        ts_ms: int,
+        extra: bytes,
+    ) -> bytes | None:
+        """The JSON Lines records of a snapshot's op ``r`` events of ``rows`` (without a
+        transaction block), each with its newline (cdcd._rowjson.snapshot_lines: what each
+        event's record_json() gives); None where :meth:`row_json` would be, or where a value
+        fails to convert (the caller's per-event path then names it)."""
+        lines = _c_snapshot_lines
+        if lines is None or self._json_codes is None:
+            return None
+        try:
+            return lines(
+                rows,
+                self._json_prefixes,
+                self._json_codes,
+                self._text,
+                self._binary,
+                key_idx,
+                key_prefixes,
+                head,
+                last_head,
+                final,
+                commit_lsn,
+                first_seq,
+                ts_ms,
+                extra,
+                orjson.dumps,
+            )
+        except Exception:
+            return None
 
     def _explain(self, tup: TupleData, exc: Exception) -> Exception:
         """Name the column, type and value that failed to convert."""

@@ -99,14 +99,12 @@ def _text_for(oid: int) -> st.SearchStrategy[bytes]:
     return st.one_of(TEXT.map(str.encode), RAW)
 
 
-@st.composite
-def rows(draw: st.DrawFn) -> tuple[Relation, TupleData]:
-    oids = draw(st.lists(st.sampled_from(OIDS), min_size=0, max_size=6))
-    columns = tuple(Column(0, f'c{i}"{oid}', oid, -1) for i, oid in enumerate(oids))
+def draw_tuple(draw: st.DrawFn, oids: list[int], kinds_from: bytes = b"tttttnbu") -> TupleData:
+    """A row of columns of these types, each of a kind drawn from ``kinds_from``."""
     kinds = bytearray()
     values: list[bytes | None] = []
     for oid in oids:
-        kind = draw(st.sampled_from(b"tttttnbu"))
+        kind = draw(st.sampled_from(kinds_from))
         kinds.append(kind)
         if kind in b"nu":
             values.append(None)
@@ -114,8 +112,15 @@ def rows(draw: st.DrawFn) -> tuple[Relation, TupleData]:
             values.append(draw(st.binary(max_size=16)))
         else:
             values.append(draw(_text_for(oid)))
+    return TupleData(bytes(kinds), tuple(values))
+
+
+@st.composite
+def rows(draw: st.DrawFn) -> tuple[Relation, TupleData]:
+    oids = draw(st.lists(st.sampled_from(OIDS), min_size=0, max_size=6))
+    columns = tuple(Column(0, f'c{i}"{oid}', oid, -1) for i, oid in enumerate(oids))
     relation = Relation(None, 16400, "public", "t", "d", columns)
-    return relation, TupleData(bytes(kinds), tuple(values))
+    return relation, draw_tuple(draw, oids)
 
 
 def _expected(dec: RowDecoder, tup: TupleData) -> bytes | type[Exception]:
