@@ -574,13 +574,87 @@ fail:
     return NULL;
 }
 
+/* The decimal digits of v. */
 static int put_ll(Buf *b, long long v) {
     char digits[24];
-    int n = snprintf(digits, sizeof digits, "%lld", v);
-    return buf_put(b, digits, n);
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        digits[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (buf_reserve(b, n + 1) < 0)
+        return -1;
+    char *out = b->data + b->len;
+    if (v < 0)
+        *out++ = '-';
+    while (n)
+        *out++ = digits[--n];
+    b->len = out - b->data;
+    return 0;
 }
 
 static PyObject *ATTR_KINDS, *ATTR_VALUES;
+
+/* What the records of one batch of snapshot rows share (snapshot_lines' arguments after the
+ * first). */
+typedef struct {
+    PyObject *names, *codes, *text_convs, *binary_convs, *key_idx, *key_names;
+    PyObject *head, *last_head, *extra, *dumps;
+    Py_ssize_t last_index;
+    long long commit_lsn, first_seq, ts_ms;
+} Snap;
+
+static int snap_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, Snap *s) {
+    if (nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "%s takes 15 arguments", fn);
+        return -1;
+    }
+    s->names = args[1];
+    s->codes = args[2];
+    s->text_convs = args[3];
+    s->binary_convs = args[4];
+    s->key_idx = args[5];
+    s->key_names = args[6];
+    s->head = args[7];
+    s->last_head = args[8];
+    s->extra = args[13];
+    s->dumps = args[14];
+    if (!row_args_ok(s->names, Py_None, s->codes, s->text_convs, s->binary_convs)
+        || !(s->key_idx == Py_None || (PyTuple_Check(s->key_idx) && PyTuple_Check(s->key_names)))
+        || !PyList_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "%s: wrong argument types", fn);
+        return -1;
+    }
+    s->last_index = PyLong_AsSsize_t(args[9]);
+    s->commit_lsn = PyLong_AsLongLong(args[10]);
+    s->first_seq = PyLong_AsLongLong(args[11]);
+    s->ts_ms = PyLong_AsLongLong(args[12]);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Row i's record from the after image's end to the key: ``,"source":...,"key":``. */
+static int put_envelope(Buf *b, const Snap *s, Py_ssize_t i) {
+    long long seq = s->first_seq + i;
+    PyObject *source = i == s->last_index ? s->last_head : s->head;
+    if (PUT_LIT(b, ",\"source\":") < 0 || put_bytes(b, source) < 0 || PUT_LIT(b, "\"lsn\":") < 0
+        || put_ll(b, s->commit_lsn) < 0 || PUT_LIT(b, ",\"sequence\":\"[") < 0)
+        return -1;
+    if (i == 0) {
+        if (PUT_LIT(b, "null") < 0)
+            return -1;
+    } else if (PUT_LIT(b, "\\\"") < 0 || put_ll(b, s->commit_lsn) < 0 || PUT_LIT(b, "\\\"") < 0) {
+        return -1;
+    }
+    if (PUT_LIT(b, ",\\\"") < 0 || put_ll(b, s->commit_lsn) < 0
+        || PUT_LIT(b, "\\\"]\",\"xmin\":null,\"commit_lsn\":") < 0 || put_ll(b, s->commit_lsn) < 0
+        || PUT_LIT(b, ",\"seq\":") < 0 || put_ll(b, seq) < 0 || put_bytes(b, s->extra) < 0
+        || PUT_LIT(b, "},\"op\":\"r\",\"ts_ms\":") < 0 || put_ll(b, s->ts_ms) < 0
+        /* snapshot rows: no transaction block */
+        || PUT_LIT(b, ",\"transaction\":null,\"key\":") < 0)
+        return -1;
+    return 0;
+}
 
 PyDoc_STRVAR(snapshot_lines_doc,
 "snapshot_lines(rows, names, codes, text_convs, binary_convs, key_idx, key_names, head,\n"
@@ -596,24 +670,10 @@ PyDoc_STRVAR(snapshot_lines_doc,
 
 static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "snapshot_lines takes 15 arguments");
+    Snap s;
+    if (snap_args("snapshot_lines", args, nargs, &s) < 0)
         return NULL;
-    }
-    PyObject *rows = args[0], *names = args[1], *codes = args[2], *text_convs = args[3];
-    PyObject *binary_convs = args[4], *key_idx = args[5], *key_names = args[6];
-    PyObject *head = args[7], *last_head = args[8], *extra = args[13], *dumps = args[14];
-    if (!PyList_Check(rows) || !row_args_ok(names, Py_None, codes, text_convs, binary_convs)
-        || !(key_idx == Py_None || (PyTuple_Check(key_idx) && PyTuple_Check(key_names)))) {
-        PyErr_SetString(PyExc_TypeError, "snapshot_lines: wrong argument types");
-        return NULL;
-    }
-    Py_ssize_t last_index = PyLong_AsSsize_t(args[9]);
-    long long commit_lsn = PyLong_AsLongLong(args[10]);
-    long long first_seq = PyLong_AsLongLong(args[11]);
-    long long ts_ms = PyLong_AsLongLong(args[12]);
-    if (PyErr_Occurred())
-        return NULL;
+    PyObject *rows = args[0];
     Buf b;
     buf_init(&b);
     Py_ssize_t n = PyList_GET_SIZE(rows);
@@ -629,37 +689,19 @@ static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_
         }
         int rc = PUT_LIT(&b, "{\"before\":null,\"after\":") < 0 ? -1 : 1;
         if (rc == 1)
-            rc = put_row(&b, names, Py_None, codes, text_convs, binary_convs, kinds, values, dumps);
+            rc = put_row(&b, s.names, Py_None, s.codes, s.text_convs, s.binary_convs, kinds,
+                         values, s.dumps);
+        if (rc == 1 && put_envelope(&b, &s, i) < 0)
+            rc = -1;
         if (rc == 1) {
-            long long seq = first_seq + i;
-            PyObject *source = i == last_index ? last_head : head;
-            if (PUT_LIT(&b, ",\"source\":") < 0 || put_bytes(&b, source) < 0
-                || PUT_LIT(&b, "\"lsn\":") < 0 || put_ll(&b, commit_lsn) < 0
-                || PUT_LIT(&b, ",\"sequence\":\"[") < 0)
-                rc = -1;
-            else if (i == 0 ? PUT_LIT(&b, "null") < 0
-                            : (PUT_LIT(&b, "\\\"") < 0 || put_ll(&b, commit_lsn) < 0
-                               || PUT_LIT(&b, "\\\"") < 0))
-                rc = -1;
-            else if (PUT_LIT(&b, ",\\\"") < 0 || put_ll(&b, commit_lsn) < 0
-                     || PUT_LIT(&b, "\\\"]\",\"xmin\":null,\"commit_lsn\":") < 0
-                     || put_ll(&b, commit_lsn) < 0 || PUT_LIT(&b, ",\"seq\":") < 0
-                     || put_ll(&b, seq) < 0 || put_bytes(&b, extra) < 0
-                     || PUT_LIT(&b, "},\"op\":\"r\",\"ts_ms\":") < 0 || put_ll(&b, ts_ms) < 0
-                     || PUT_LIT(&b, ",\"transaction\":") < 0)
-                rc = -1;
-            else if (PUT_LIT(&b, "null") < 0)  /* snapshot rows: no transaction block */
-                rc = -1;
-            else if (PUT_LIT(&b, ",\"key\":") < 0)
-                rc = -1;
-            else if (key_idx == Py_None)
+            if (s.key_idx == Py_None)
                 rc = PUT_LIT(&b, "null") < 0 ? -1 : 1;
             else
-                rc = put_row(&b, key_names, key_idx, codes, text_convs, binary_convs, kinds, values,
-                             dumps);
-            if (rc == 1 && PUT_LIT(&b, "}\n") < 0)
-                rc = -1;
+                rc = put_row(&b, s.key_names, s.key_idx, s.codes, s.text_convs, s.binary_convs,
+                             kinds, values, s.dumps);
         }
+        if (rc == 1 && PUT_LIT(&b, "}\n") < 0)
+            rc = -1;
         Py_DECREF(kinds);
         Py_DECREF(values);
         if (rc < 0)
@@ -675,11 +717,199 @@ fail:
     return NULL;
 }
 
+/* --- COPY text -------------------------------------------------------------------------- */
+
+/* One field of a COPY text line: its value's bytes (unescaped), or null. */
+typedef struct {
+    const char *s;
+    Py_ssize_t n;
+    int null;
+} Field;
+
+/* COPY's escapes as cdcd/decoder/copy_text.py undoes them: \b \f \n \r \t \v \\ become the
+ * character, a backslash before any other character becomes that character, a backslash that
+ * ends the field stays. */
+static char unescaped(char c) {
+    switch (c) {
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    case 'v': return '\v';
+    default: return c;
+    }
+}
+
+/* Split a line into `width` fields (0: another number of fields), unescaping into `scratch`
+ * (at least `len` bytes: an unescaped field is never longer). */
+static int split_line(const char *line, Py_ssize_t len, Py_ssize_t width, Field *fields,
+                      char *scratch) {
+    Py_ssize_t count = 0;
+    const char *p = line, *end = line + len;
+    for (;;) {
+        const char *tab = memchr(p, '\t', (size_t)(end - p));
+        const char *stop = tab == NULL ? end : tab;
+        if (count == width)
+            return 0;
+        Field *f = &fields[count++];
+        Py_ssize_t n = stop - p;
+        f->null = 0;
+        if (memchr(p, '\\', (size_t)n) == NULL) {
+            f->s = p;
+            f->n = n;
+        } else if (n == 2 && p[0] == '\\' && p[1] == 'N') {
+            f->null = 1;
+            f->s = p;
+            f->n = 0;
+        } else {
+            char *out = scratch;
+            for (const char *q = p; q < stop; q++) {
+                if (*q == '\\' && q + 1 < stop)
+                    *out++ = unescaped(*++q);
+                else
+                    *out++ = *q;
+            }
+            f->s = scratch;
+            f->n = out - scratch;
+            scratch = out;
+        }
+        if (tab == NULL)
+            break;
+        p = tab + 1;
+    }
+    return count == width;
+}
+
+/* put_row for COPY fields (text or null). */
+static int put_fields(Buf *b, PyObject *names, PyObject *idx, PyObject *codes,
+                      PyObject *text_convs, const Field *fields, PyObject *dumps) {
+    Py_ssize_t ncols = PyBytes_GET_SIZE(codes);
+    const char *code = PyBytes_AS_STRING(codes);
+    Py_ssize_t count = idx == Py_None ? ncols : PyTuple_GET_SIZE(idx);
+    if (PyTuple_GET_SIZE(names) != count || PyTuple_GET_SIZE(text_convs) != ncols) {
+        PyErr_SetString(PyExc_ValueError, "copy_snapshot_lines: one name per selected column");
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < count; j++) {
+        Py_ssize_t i = j;
+        if (idx != Py_None) {
+            i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
+            if (i == -1 && PyErr_Occurred())
+                return -1;
+            if (i < 0 || i >= ncols) {
+                PyErr_SetString(PyExc_IndexError, "row_json: column index out of range");
+                return -1;
+            }
+        }
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        if (!PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "row_json: names must be bytes");
+            return -1;
+        }
+        if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0)
+            return -1;
+        const Field *f = &fields[i];
+        if (f->null) {
+            if (buf_put(b, "null", 4) < 0)
+                return -1;
+            continue;
+        }
+        int rc = put_fast(b, code[i], f->s, f->n);
+        if (rc == 0) {
+            PyObject *value = PyBytes_FromStringAndSize(f->s, f->n);
+            if (value == NULL)
+                return -1;
+            rc = put_converted(b, PyTuple_GET_ITEM(text_convs, i), value, dumps) < 0 ? -1 : 1;
+            Py_DECREF(value);
+        }
+        if (rc < 0)
+            return -1;
+    }
+    return buf_put(b, count ? "}" : "{}", count ? 1 : 2) < 0 ? -1 : 1;
+}
+
+PyDoc_STRVAR(copy_snapshot_lines_doc,
+"copy_snapshot_lines(lines, names, codes, ...) -> bytes | None\n\n"
+"snapshot_lines of the rows in ``lines`` (COPY text output, one line per row without its\n"
+"newline, as cdcd/decoder/copy_text.py reads them), without making them: the same bytes as\n"
+"snapshot_lines(copy_rows(lines, len(codes)), ...). None when a line has another number of\n"
+"fields (copy_rows names it); a converter's error propagates.");
+
+static PyObject *copy_snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    Snap s;
+    if (snap_args("copy_snapshot_lines", args, nargs, &s) < 0)
+        return NULL;
+    PyObject *lines = args[0];
+    Py_ssize_t width = PyBytes_GET_SIZE(s.codes);
+    if (width == 0 || PyTuple_GET_SIZE(s.text_convs) != width)
+        Py_RETURN_NONE;  /* no columns: the general path */
+    Field *fields = PyMem_Malloc(sizeof(Field) * (size_t)width);
+    char *scratch = NULL;
+    Py_ssize_t scratch_cap = 0;
+    if (fields == NULL)
+        return PyErr_NoMemory();
+    Buf b;
+    buf_init(&b);
+    Py_ssize_t n = PyList_GET_SIZE(lines);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *line = PyList_GET_ITEM(lines, i);
+        if (!PyBytes_Check(line)) {
+            PyErr_SetString(PyExc_TypeError, "copy_snapshot_lines: lines must be bytes");
+            goto fail;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(line);
+        if (len > scratch_cap) {
+            char *grown = PyMem_Realloc(scratch, (size_t)len + 1);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            scratch = grown;
+            scratch_cap = len;
+        }
+        if (!split_line(PyBytes_AS_STRING(line), len, width, fields, scratch))
+            goto general;
+        int rc = PUT_LIT(&b, "{\"before\":null,\"after\":") < 0 ? -1 : 1;
+        if (rc == 1)
+            rc = put_fields(&b, s.names, Py_None, s.codes, s.text_convs, fields, s.dumps);
+        if (rc == 1 && put_envelope(&b, &s, i) < 0)
+            rc = -1;
+        if (rc == 1) {
+            if (s.key_idx == Py_None)
+                rc = PUT_LIT(&b, "null") < 0 ? -1 : 1;
+            else
+                rc = put_fields(&b, s.key_names, s.key_idx, s.codes, s.text_convs, fields,
+                                s.dumps);
+        }
+        if (rc == 1 && PUT_LIT(&b, "}\n") < 0)
+            rc = -1;
+        if (rc < 0)
+            goto fail;
+    }
+    PyMem_Free(fields);
+    PyMem_Free(scratch);
+    return buf_finish(&b);
+general:
+    PyMem_Free(fields);
+    PyMem_Free(scratch);
+    buf_free(&b);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(fields);
+    PyMem_Free(scratch);
+    buf_free(&b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"row_json", (PyCFunction)(void (*)(void))row_json, METH_FASTCALL, row_json_doc},
     {"event_body", (PyCFunction)(void (*)(void))event_body, METH_FASTCALL, event_body_doc},
     {"snapshot_lines", (PyCFunction)(void (*)(void))snapshot_lines, METH_FASTCALL,
      snapshot_lines_doc},
+    {"copy_snapshot_lines", (PyCFunction)(void (*)(void))copy_snapshot_lines, METH_FASTCALL,
+     copy_snapshot_lines_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -42,6 +42,7 @@ methods:
     snapshot_events(relation, rows, *, commit_lsn, commit_time, first_seq=0, xid=None,
                     last=False) -> Iterator[ChangeEvent]          (op "r")
     snapshot_run(relation, rows, ...) -> SnapshotRun   the same events, made when asked for
+                                          (rows: a list, or a CopyBatch of COPY text lines)
     schema_info(relation) -> dict                                 (the file sink's _schema files)
 
 Rules the encoder implements (README "Change events"):
@@ -83,7 +84,7 @@ Rules the encoder implements (README "Change events"):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from cdcd.assembler.transaction import ChangeRecord, Transaction
@@ -318,7 +319,7 @@ class Encoder:
     def snapshot_run(
         self,
         relation: Relation,
-        rows: list[TupleData],
+        rows: Sequence[TupleData],
         *,
         commit_lsn: int,
         commit_time: int,

@@ -4,8 +4,10 @@
 initial snapshot. It is a sequence of :class:`~cdcd.events.change_event.ChangeEvent` like any
 batch a sink is handed, with the events made on access (one by index; all of them, once, by
 iterating or slicing), and a shortcut for the JSON Lines file writer: :meth:`SnapshotRun.jsonl`,
-every event's record in one call of ``cdcd._rowjson.snapshot_lines`` without making an event
-(README "Compiled fast paths"). Both give the same bytes (tests/unit/test_snapshot_run.py).
+every event's record in one call of ``cdcd._rowjson.snapshot_lines`` without making an event,
+or of ``copy_snapshot_lines`` from the COPY text of a :class:`~cdcd.decoder.copy_batch.CopyBatch`
+without parsing it into rows (README "Compiled fast paths"). All give the same bytes
+(tests/unit/test_snapshot_run.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.events.change_event import ChangeEvent, RelInfo, TxnInfo
 
 if TYPE_CHECKING:
@@ -31,7 +34,7 @@ class SnapshotRun(Sequence[ChangeEvent]):
         self,
         rel: RelInfo,
         info: TxnInfo,
-        rows: list[TupleData],
+        rows: Sequence[TupleData],
         commit_lsn: int,
         first_seq: int,
         ts_ms: int,
@@ -100,15 +103,14 @@ class SnapshotRun(Sequence[ChangeEvent]):
         info = self.info
         if self._events is not None or info.txid is not None:
             return None
-        return rel.decoder(False).snapshot_lines(
-            self.rows,
-            rel.key_idx if rel.key_names is not None else None,
-            rel.key_prefixes,
-            info.source_head(rel, "true"),
-            info.source_head(rel, "last"),
-            self.final,
-            self.commit_lsn,
-            self.first_seq,
-            self.ts_ms,
-            info.origin_json,
-        )
+        rows = self.rows
+        dec = rel.decoder(False)
+        key_idx = rel.key_idx if rel.key_names is not None else None
+        head, last_head = info.source_head(rel, "true"), info.source_head(rel, "last")
+        fixed = (self.final, self.commit_lsn, self.first_seq, self.ts_ms, info.origin_json)
+        if isinstance(rows, CopyBatch) and not rows.parsed:  # from COPY's text, not parsed
+            return dec.copy_snapshot_lines(
+                rows.lines, key_idx, rel.key_prefixes, head, last_head, *fixed
+            )
+        batch = rows if isinstance(rows, list) else list(rows)
+        return dec.snapshot_lines(batch, key_idx, rel.key_prefixes, head, last_head, *fixed)

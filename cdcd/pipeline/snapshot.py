@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -53,7 +53,7 @@ class _Chunks:
     done), and the writer can always go on; memory stays within ``limit`` plus one batch."""
 
     def __init__(self, count: int, limit: int, most: int) -> None:
-        self.batches: list[deque[tuple[list[TupleData], int]]] = [deque() for _ in range(count)]
+        self.batches: list[deque[tuple[Sequence[TupleData], int]]] = [deque() for _ in range(count)]
         self.done = [False] * count
         self.position = 0
         self.held = 0
@@ -62,7 +62,7 @@ class _Chunks:
         self.most = most
         self.changed = asyncio.Condition()
 
-    async def put(self, index: int, rows: list[TupleData], size: int) -> None:
+    async def put(self, index: int, rows: Sequence[TupleData], size: int) -> None:
         """Rows of chunk ``index`` and their accounted bytes."""
         if self.done[index]:  # the writer may have gone past it: fail, never lose them
             raise RuntimeError(f"snapshot chunk {index}: rows read after it was finished")
@@ -83,7 +83,7 @@ class _Chunks:
             self.done[index] = True
             self.changed.notify_all()
 
-    async def take(self, index: int) -> list[TupleData] | None:
+    async def take(self, index: int) -> Sequence[TupleData] | None:
         """The next rows of chunk ``index`` (the writer's position), None once it is done."""
         async with self.changed:
             if self.position != index:
@@ -247,10 +247,10 @@ async def initial_snapshot(
                 log.debug("snapshot readers", readers=was, rows_per_s=round(rate))
 
         async def write() -> int:
-            pending: tuple[Any, list[TupleData]] | None = None
+            pending: tuple[Any, Sequence[TupleData]] | None = None
             seq = 0
 
-            async def emit(relation: Any, rows: list[TupleData], last: bool) -> None:
+            async def emit(relation: Any, rows: Sequence[TupleData], last: bool) -> None:
                 nonlocal seq, written
                 events = encoder.snapshot_run(  # events made as a sink asks for them
                     relation,

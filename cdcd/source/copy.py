@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
-from cdcd.decoder.events import TupleData
 
 __all__ = ["accounted", "copy_query", "copy_rows"]
 
@@ -20,15 +20,18 @@ async def copy_query(
     conn: Any,
     sql: str,
     width: int,
-    on_rows: Callable[[list[TupleData], int], Awaitable[None]],
+    on_rows: Callable[[Any, int], Awaitable[None]],
     batch_size: int = 5000,
+    *,
+    lazy: bool = False,
 ) -> int:
     """Read the rows of ``sql`` (its ``width`` columns as text) with ``COPY (sql) TO STDOUT``,
     handing them to ``on_rows`` in batches of about ``batch_size``, with their accounted bytes
     (:func:`accounted`); the row count. ``on_rows`` may wait: the server's output waits with
-    it."""
+    it. The batches are lists of TupleData, or with ``lazy``
+    :class:`~cdcd.decoder.copy_batch.CopyBatch`: the lines, parsed when asked for."""
     rest = b""
-    pending: list[TupleData] = []
+    pending: list[Any] = []
     count = 0
     received = 0  # bytes of the rows in ``pending``, and of ``rest``
 
@@ -39,19 +42,20 @@ async def copy_query(
         lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
         rest = lines.pop()
         if lines:
-            pending += copy_rows(lines, width)
+            pending += lines if lazy else copy_rows(lines, width)
         if len(pending) >= batch_size:
             count += len(pending)
             batch, pending = pending, []
             size, received = received - len(rest), len(rest)
-            await on_rows(batch, accounted(len(batch), size))
+            await on_rows(CopyBatch(batch, width) if lazy else batch, accounted(len(batch), size))
 
     await conn.copy_from_query(sql, output=take)
     if rest:
         raise ValueError(f"COPY output ends inside a row: {sql[:200]}")
     if pending:
         count += len(pending)
-        await on_rows(pending, accounted(len(pending), received))
+        last = CopyBatch(pending, width) if lazy else pending
+        await on_rows(last, accounted(len(pending), received))
     return count
 
 

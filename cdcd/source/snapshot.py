@@ -43,6 +43,7 @@ from typing import Any
 
 import asyncpg
 
+from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
 from cdcd.source.copy import copy_query
 from cdcd.wire.frontend import quote_ident, quote_literal
@@ -296,14 +297,16 @@ def chunk_query(chunk: TableChunk) -> str | None:
 async def copy_chunk(
     conn: Any,
     chunk: TableChunk,
-    on_rows: Callable[[list[TupleData], int], Awaitable[None]],
+    on_rows: Callable[[CopyBatch, int], Awaitable[None]],
     batch_size: int = 5000,
 ) -> int:
-    """Read ``chunk`` (inside the caller's transaction) with COPY (:func:`copy_query`)."""
+    """Read ``chunk`` (inside the caller's transaction) with COPY (:func:`copy_query`), its
+    rows in :class:`~cdcd.decoder.copy_batch.CopyBatch` es (parsed when a sink asks)."""
     sql = chunk_query(chunk)
     if sql is None:
         return 0
-    return await copy_query(conn, sql, len(chunk.table.relation.columns), on_rows, batch_size)
+    width = len(chunk.table.relation.columns)
+    return await copy_query(conn, sql, width, on_rows, batch_size, lazy=True)
 
 
 # The primary key, else the replica identity index (unique, not partial, columns NOT NULL).

@@ -443,6 +443,9 @@ _c_row_json: Final[RowJson | None] = None if _ROWJSON is None else _ROWJSON.row_
 #: cdcd._rowjson.event_body, or None: ChangeEvent._body formats row events in Python then.
 C_EVENT_BODY: Final[Callable[..., bytes] | None] = None if _ROWJSON is None else _ROWJSON.event_body
 _c_snapshot_lines: Final[RowJson | None] = None if _ROWJSON is None else _ROWJSON.snapshot_lines
+_c_copy_snapshot_lines: Final[RowJson | None] = (
+    None if _ROWJSON is None else _ROWJSON.copy_snapshot_lines
+)
 
 #: The fast path of each column in cdcd._rowjson.row_json (the codes of cdcd/_rowjson.c), by
 #: the column's text converter: the integer text as it is, ``true``/``false``, the text as a
@@ -594,12 +597,51 @@ class RowDecoder:
         transaction block), each with its newline (cdcd._rowjson.snapshot_lines: what each
         event's record_json() gives); None where :meth:`row_json` would be, or where a value
         fails to convert (the caller's per-event path then names it)."""
-        lines = _c_snapshot_lines
-        if lines is None or self._json_codes is None:
+        return self._snapshot_lines(
+            _c_snapshot_lines, rows, key_idx, key_prefixes, head, last_head, final,
+            commit_lsn, first_seq, ts_ms, extra,
+        )  # fmt: skip
+
+    def copy_snapshot_lines(
+        self,
+        lines: list[bytes],
+        key_idx: tuple[int, ...] | None,
+        key_prefixes: tuple[bytes, ...],
+        head: bytes,
+        last_head: bytes,
+        final: int,
+        commit_lsn: int,
+        first_seq: int,
+        ts_ms: int,
+        extra: bytes,
+    ) -> bytes | None:
+        """:meth:`snapshot_lines` of the rows in ``lines`` (COPY text), without parsing them
+        into rows (cdcd._rowjson.copy_snapshot_lines); None also for a line with another
+        number of fields (parsing it names it)."""
+        return self._snapshot_lines(
+            _c_copy_snapshot_lines, lines, key_idx, key_prefixes, head, last_head, final,
+            commit_lsn, first_seq, ts_ms, extra,
+        )  # fmt: skip
+
+    def _snapshot_lines(
+        self,
+        make: RowJson | None,
+        batch: list[Any],
+        key_idx: tuple[int, ...] | None,
+        key_prefixes: tuple[bytes, ...],
+        head: bytes,
+        last_head: bytes,
+        final: int,
+        commit_lsn: int,
+        first_seq: int,
+        ts_ms: int,
+        extra: bytes,
+    ) -> bytes | None:
+        if make is None or self._json_codes is None:
             return None
         try:
-            return lines(
-                rows,
+            return make(
+                batch,
                 self._json_prefixes,
                 self._json_codes,
                 self._text,

@@ -3,7 +3,9 @@
 
 The rows are generated as in test_rowjson.py (every column type of the C fast paths, values
 around their edges, null, binary and unchanged-TOAST columns), on tables with and without a
-key, so a record written by the batch path that differs from the event's own fails here.
+key, so a record written by the batch path that differs from the event's own fails here. The
+same from COPY's text (``copy_snapshot_lines``), with the values escaped as COPY writes them
+and some lines no server writes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcd.accel import pure_python_requested
+from cdcd.decoder.copy_batch import CopyBatch
+from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import Column, Relation, TupleData
 from cdcd.events.snapshot_run import SnapshotRun
 from cdcd.sinks.file import FileSinkConfig
@@ -107,3 +111,100 @@ def test_the_file_writer_takes_the_records_without_the_events(tmp_path: Path) ->
     assert writer.size() == len(expected)
     if not pure_python_requested() and C_IN_USE:
         assert run._events is None  # no event was made
+
+
+# --- from COPY's text ---------------------------------------------------------------------
+
+_COPY_ESCAPES = {
+    ord("\\"): b"\\\\",
+    ord("\b"): b"\\b",
+    ord("\f"): b"\\f",
+    ord("\n"): b"\\n",
+    ord("\r"): b"\\r",
+    ord("\t"): b"\\t",
+    ord("\v"): b"\\v",
+}
+
+
+def copy_text(value: bytes | None) -> bytes:
+    """A value as COPY TO writes it in text format."""
+    if value is None:
+        return b"\\N"
+    return b"".join(_COPY_ESCAPES.get(c, bytes([c])) for c in value)
+
+
+@st.composite
+def copy_tables(draw: st.DrawFn) -> tuple[Relation, list[bytes]]:
+    """A relation and COPY text lines: its rows escaped as COPY writes them, or now and then
+    a line as no server writes it (stray backslashes, another number of fields)."""
+    oids = draw(st.lists(st.sampled_from(OIDS), min_size=1, max_size=6))
+    keyed = [draw(st.booleans()) for _ in oids]
+    columns = tuple(
+        Column(1 if k else 0, f"c{i}", oid, -1)
+        for i, (oid, k) in enumerate(zip(oids, keyed, strict=True))
+    )
+    lines = []
+    for _ in range(draw(st.integers(1, 6))):
+        if draw(st.integers(0, 9)) == 0:
+            lines.append(draw(st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"\\"))))
+            continue
+        row = draw_tuple(draw, oids, b"tttn")
+        lines.append(b"\t".join(copy_text(v) for v in row.values))
+    return Relation(None, 16400, "public", "t", "d", columns), lines
+
+
+def _made(call: object) -> bytes | type[Exception] | None:
+    try:
+        return call()  # type: ignore[operator, no-any-return]
+    except Exception as exc:  # the general path's error, e.g. a line of another width
+        return type(exc)
+
+
+@settings(max_examples=600, deadline=None)
+@given(table=copy_tables(), first=st.integers(0, 2**40), last=st.booleans())
+def test_jsonl_from_copy_text_is_the_events_records(
+    table: tuple[Relation, list[bytes]], first: int, last: bool
+) -> None:
+    rel, lines = table
+    args = {"commit_lsn": 5000, "commit_time": 7, "first_seq": first, "last": last}
+    parsed = _made(lambda: copy_rows(lines, len(rel.columns)))
+    batch = CopyBatch(lines, len(rel.columns))
+    made = encoder().snapshot_run(rel, batch, **args).jsonl()
+    assert not batch.parsed or not C_IN_USE  # the C path parsed nothing into rows
+    if not isinstance(parsed, list):  # a line of another width: the rows' parse names it
+        assert made is None
+        return
+    expected = _records(list(encoder().snapshot_events(rel, parsed, **args)))
+    if not C_IN_USE or not isinstance(expected, bytes):
+        assert made is None
+    else:
+        assert made == expected
+
+
+def test_a_copy_batch_is_its_rows() -> None:
+    lines = [b"1\ta\\tb\t\\N", b"2\t\\\\x\t"]
+    batch = CopyBatch(lines, 3)
+    assert len(batch) == 2
+    assert not batch.parsed
+    assert batch[1] == copy_rows(lines, 3)[1]
+    assert batch.parsed
+    assert list(batch) == copy_rows(lines, 3)
+    assert batch[0].values == (b"1", b"a\tb", None)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"1\tab\\\tc\\",  # a backslash that ends a field, then the last field's
+        b"2\t\\N\t\\\\N",  # null, then the text \N
+        b"3\t\\x\\q\t\\",  # unknown escapes: the character
+        b"4\t\\b\\f\\n\\r\\t\\v\t",  # every escape; an empty last field
+        b"5\t\t",
+    ],
+)
+def test_copy_text_edges(line: bytes) -> None:
+    rel = relation(columns=(("id", 23), ("a", 25), ("b", 25)))
+    args = {"commit_lsn": 9, "commit_time": 7, "first_seq": 0, "last": True}
+    expected = _records(list(encoder().snapshot_events(rel, copy_rows([line], 3), **args)))
+    made = encoder().snapshot_run(rel, CopyBatch([line], 3), **args).jsonl()
+    assert made == (expected if C_IN_USE else None)
