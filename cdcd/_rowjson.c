@@ -343,6 +343,28 @@ PyDoc_STRVAR(row_json_doc,
 "values. None when a selected column is unchanged TOAST or the tuple has another number of\n"
 "columns (the caller's general path handles both); converter errors propagate.");
 
+/* Column j of a selection (`idx`: column indexes, None: all `ncols` in order): its index into
+ * *i, and its name (the bytes before its value) written. */
+static int put_name(Buf *b, PyObject *names, PyObject *idx, Py_ssize_t j, Py_ssize_t ncols,
+                    Py_ssize_t *i) {
+    *i = j;
+    if (idx != Py_None) {
+        *i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
+        if (*i == -1 && PyErr_Occurred())
+            return -1;
+        if (*i < 0 || *i >= ncols) {
+            PyErr_SetString(PyExc_IndexError, "row_json: column index out of range");
+            return -1;
+        }
+    }
+    PyObject *name = PyTuple_GET_ITEM(names, j);
+    if (!PyBytes_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "row_json: names must be bytes");
+        return -1;
+    }
+    return buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name));
+}
+
 /* A row's JSON object into b: 1 written, 0 the general path must take it (unchanged TOAST
  * among the selected columns, an unknown kind, a tuple of another width; b then holds part of
  * it), -1 an error (set). Arguments as row_json's, types checked by the caller but values. */
@@ -374,25 +396,11 @@ static int put_row(Buf *b, PyObject *names, PyObject *idx, PyObject *codes, PyOb
         PyErr_Clear();  /* a bad index is reported below */
     }
     for (Py_ssize_t j = 0; j < count; j++) {
-        Py_ssize_t i = j;
-        if (idx != Py_None) {
-            i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
-            if (i == -1 && PyErr_Occurred())
-                return -1;
-            if (i < 0 || i >= ncols) {
-                PyErr_SetString(PyExc_IndexError, "row_json: column index out of range");
-                return -1;
-            }
-        }
-        if (kind[i] == KIND_UNCHANGED)
+        Py_ssize_t i;
+        if (put_name(b, names, idx, j, ncols, &i) < 0)
+            return -1;
+        if (kind[i] == KIND_UNCHANGED)  /* checked above: not reached */
             return 0;
-        PyObject *name = PyTuple_GET_ITEM(names, j);
-        if (!PyBytes_Check(name)) {
-            PyErr_SetString(PyExc_TypeError, "row_json: names must be bytes");
-            return -1;
-        }
-        if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0)
-            return -1;
         PyObject *value = PyTuple_GET_ITEM(values, i);
         int rc = 0;
         if (kind[i] == KIND_NULL) {
@@ -792,22 +800,8 @@ static int put_fields(Buf *b, PyObject *names, PyObject *idx, PyObject *codes,
         return -1;
     }
     for (Py_ssize_t j = 0; j < count; j++) {
-        Py_ssize_t i = j;
-        if (idx != Py_None) {
-            i = PyLong_AsSsize_t(PyTuple_GET_ITEM(idx, j));
-            if (i == -1 && PyErr_Occurred())
-                return -1;
-            if (i < 0 || i >= ncols) {
-                PyErr_SetString(PyExc_IndexError, "row_json: column index out of range");
-                return -1;
-            }
-        }
-        PyObject *name = PyTuple_GET_ITEM(names, j);
-        if (!PyBytes_Check(name)) {
-            PyErr_SetString(PyExc_TypeError, "row_json: names must be bytes");
-            return -1;
-        }
-        if (buf_put(b, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name)) < 0)
+        Py_ssize_t i;
+        if (put_name(b, names, idx, j, ncols, &i) < 0)
             return -1;
         const Field *f = &fields[i];
         if (f->null) {

@@ -51,6 +51,9 @@ class CopyBatch(Sequence[TupleData]):
     def __getitem__(self, index: slice) -> list[TupleData]: ...
 
     def __getitem__(self, index: Any) -> Any:
+        if self._rows is None and not isinstance(index, slice):  # one row: that line only
+            line = self.lines[index]
+            return copy_rows([line], self.width)[0]
         return self.rows()[index]
 
     def __iter__(self) -> Iterator[TupleData]:

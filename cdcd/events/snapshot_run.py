@@ -108,9 +108,11 @@ class SnapshotRun(Sequence[ChangeEvent]):
         key_idx = rel.key_idx if rel.key_names is not None else None
         head, last_head = info.source_head(rel, "true"), info.source_head(rel, "last")
         fixed = (self.final, self.commit_lsn, self.first_seq, self.ts_ms, info.origin_json)
-        if isinstance(rows, CopyBatch) and not rows.parsed:  # from COPY's text, not parsed
-            return dec.copy_snapshot_lines(
-                rows.lines, key_idx, rel.key_prefixes, head, last_head, *fixed
-            )
-        batch = rows if isinstance(rows, list) else list(rows)
-        return dec.snapshot_lines(batch, key_idx, rel.key_prefixes, head, last_head, *fixed)
+        from_copy = isinstance(rows, CopyBatch) and not rows.parsed  # lines, not rows
+        if isinstance(rows, CopyBatch) and from_copy:
+            batch: list[Any] = rows.lines
+        else:
+            batch = rows if isinstance(rows, list) else list(rows)
+        return dec.snapshot_lines(
+            batch, from_copy, key_idx, rel.key_prefixes, head, last_head, *fixed
+        )

@@ -582,51 +582,8 @@ class RowDecoder:
 
     def snapshot_lines(
         self,
-        rows: list[TupleData],
-        key_idx: tuple[int, ...] | None,
-        key_prefixes: tuple[bytes, ...],
-        head: bytes,
-        last_head: bytes,
-        final: int,
-        commit_lsn: int,
-        first_seq: int,
-        ts_ms: int,
-        extra: bytes,
-    ) -> bytes | None:
-        """The JSON Lines records of a snapshot's op ``r`` events of ``rows`` (without a
-        transaction block), each with its newline (cdcd._rowjson.snapshot_lines: what each
-        event's record_json() gives); None where :meth:`row_json` would be, or where a value
-        fails to convert (the caller's per-event path then names it)."""
-        return self._snapshot_lines(
-            _c_snapshot_lines, rows, key_idx, key_prefixes, head, last_head, final,
-            commit_lsn, first_seq, ts_ms, extra,
-        )  # fmt: skip
-
-    def copy_snapshot_lines(
-        self,
-        lines: list[bytes],
-        key_idx: tuple[int, ...] | None,
-        key_prefixes: tuple[bytes, ...],
-        head: bytes,
-        last_head: bytes,
-        final: int,
-        commit_lsn: int,
-        first_seq: int,
-        ts_ms: int,
-        extra: bytes,
-    ) -> bytes | None:
-        """:meth:`snapshot_lines` of the rows in ``lines`` (COPY text), without parsing them
-        into rows (cdcd._rowjson.copy_snapshot_lines); None also for a line with another
-        number of fields (parsing it names it)."""
-        return self._snapshot_lines(
-            _c_copy_snapshot_lines, lines, key_idx, key_prefixes, head, last_head, final,
-            commit_lsn, first_seq, ts_ms, extra,
-        )  # fmt: skip
-
-    def _snapshot_lines(
-        self,
-        make: RowJson | None,
         batch: list[Any],
+        from_copy: bool,
         key_idx: tuple[int, ...] | None,
         key_prefixes: tuple[bytes, ...],
         head: bytes,
@@ -637,6 +594,13 @@ class RowDecoder:
         ts_ms: int,
         extra: bytes,
     ) -> bytes | None:
+        """The JSON Lines records of a snapshot's op ``r`` events of the rows ``batch``
+        (TupleData; with ``from_copy``, COPY text lines, not parsed into rows), each with its
+        newline and without a transaction block: what each event's record_json() gives
+        (cdcd._rowjson.snapshot_lines, copy_snapshot_lines). None where :meth:`row_json`
+        would be, for a COPY line of another number of fields, or where a value fails to
+        convert: the caller's per-event path then names it."""
+        make = _c_copy_snapshot_lines if from_copy else _c_snapshot_lines
         if make is None or self._json_codes is None:
             return None
         try:

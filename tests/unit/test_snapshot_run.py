@@ -10,6 +10,7 @@ and some lines no server writes.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcd.accel import pure_python_requested
+from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import Column, Relation, TupleData
 from cdcd.events.snapshot_run import SnapshotRun
-from cdcd.sinks.file import FileSinkConfig
+from cdcd.sinks.file import FileSink, FileSinkConfig
 from cdcd.sinks.file_layout import JsonlTableWriter
 from cdcd.values import types as vtypes
-from tests.unit.sink_fixtures import encoder, relation, tup
+from tests.unit.sink_fixtures import CONTEXT, encoder, relation, tup
 from tests.unit.test_rowjson import OIDS, draw_tuple
 
 C_IN_USE = vtypes._c_snapshot_lines is not None
@@ -113,6 +115,35 @@ def test_the_file_writer_takes_the_records_without_the_events(tmp_path: Path) ->
         assert run._events is None  # no event was made
 
 
+def test_the_file_sink_writes_a_copy_batch_without_parsing_it(tmp_path: Path) -> None:
+    """Through the whole file sink (the folder asks the run for its first and last events):
+    the file holds the events' records, and the COPY lines were never parsed into rows."""
+    keyed = relation()
+    lines = [b"%d\tn\\t%d\t\\N" % (i, i) for i in range(40)]
+    args = {"commit_lsn": 1000, "commit_time": 7, "first_seq": 0, "last": True}
+    expected = _records(list(encoder().snapshot_events(keyed, copy_rows(lines, 3), **args)))
+    batch = CopyBatch(lines, 3)
+    run = encoder().snapshot_run(keyed, batch, **args)
+    sink = FileSink(FileSinkConfig(path=str(tmp_path), fsync=False), CONTEXT)
+
+    async def go() -> None:
+        await sink.start()
+        txn = Transaction(
+            kind="snapshot", xid=0, commit_lsn=1000, end_lsn=1001, commit_time=7, size=0
+        )
+        await sink.begin(txn)
+        await sink.write(run)
+        await sink.commit(txn)
+        await sink.flush()
+        await sink.close()
+
+    asyncio.run(go())
+    (written,) = [p for p in tmp_path.rglob("*.jsonl") if not p.name.startswith(".")]
+    assert written.read_bytes() == expected
+    if C_IN_USE:
+        assert not batch.parsed
+
+
 # --- from COPY's text ---------------------------------------------------------------------
 
 _COPY_ESCAPES = {
@@ -187,6 +218,9 @@ def test_a_copy_batch_is_its_rows() -> None:
     assert len(batch) == 2
     assert not batch.parsed
     assert batch[1] == copy_rows(lines, 3)[1]
+    assert batch[-2] == copy_rows(lines, 3)[0]
+    assert not batch.parsed  # one row: only its line
+    assert batch[0:1] == copy_rows(lines, 3)[0:1]
     assert batch.parsed
     assert list(batch) == copy_rows(lines, 3)
     assert batch[0].values == (b"1", b"a\tb", None)
