@@ -629,8 +629,7 @@ static int snap_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, Sn
     s->extra = args[13];
     s->dumps = args[14];
     if (!row_args_ok(s->names, Py_None, s->codes, s->text_convs, s->binary_convs)
-        || !(s->key_idx == Py_None || (PyTuple_Check(s->key_idx) && PyTuple_Check(s->key_names)))
-        || !PyList_Check(args[0])) {
+        || !(s->key_idx == Py_None || (PyTuple_Check(s->key_idx) && PyTuple_Check(s->key_names)))) {
         PyErr_Format(PyExc_TypeError, "%s: wrong argument types", fn);
         return -1;
     }
@@ -682,6 +681,10 @@ static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_
     if (snap_args("snapshot_lines", args, nargs, &s) < 0)
         return NULL;
     PyObject *rows = args[0];
+    if (!PyList_Check(rows)) {
+        PyErr_SetString(PyExc_TypeError, "snapshot_lines: rows must be a list");
+        return NULL;
+    }
     Buf b;
     buf_init(&b);
     Py_ssize_t n = PyList_GET_SIZE(rows);
@@ -824,46 +827,39 @@ static int put_fields(Buf *b, PyObject *names, PyObject *idx, PyObject *codes,
 }
 
 PyDoc_STRVAR(copy_snapshot_lines_doc,
-"copy_snapshot_lines(lines, names, codes, ...) -> bytes | None\n\n"
-"snapshot_lines of the rows in ``lines`` (COPY text output, one line per row without its\n"
-"newline, as cdcd/decoder/copy_text.py reads them), without making them: the same bytes as\n"
-"snapshot_lines(copy_rows(lines, len(codes)), ...). None when a line has another number of\n"
-"fields (copy_rows names it); a converter's error propagates.");
+"copy_snapshot_lines(text, names, codes, ...) -> bytes | None\n\n"
+"snapshot_lines of the rows in ``text`` (COPY text output: rows separated by newlines, no\n"
+"newline after the last), without making them: the same bytes as\n"
+"snapshot_lines(copy_rows(text.split(b'\\n'), len(codes)), ...). None when a line has another\n"
+"number of fields (copy_rows names it); a converter's error propagates.");
 
 static PyObject *copy_snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     Snap s;
     if (snap_args("copy_snapshot_lines", args, nargs, &s) < 0)
         return NULL;
-    PyObject *lines = args[0];
+    PyObject *text = args[0];
+    if (!PyBytes_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "copy_snapshot_lines: text must be bytes");
+        return NULL;
+    }
     Py_ssize_t width = PyBytes_GET_SIZE(s.codes);
     if (width == 0 || PyTuple_GET_SIZE(s.text_convs) != width)
         Py_RETURN_NONE;  /* no columns: the general path */
+    const char *p = PyBytes_AS_STRING(text), *end = p + PyBytes_GET_SIZE(text);
     Field *fields = PyMem_Malloc(sizeof(Field) * (size_t)width);
-    char *scratch = NULL;
-    Py_ssize_t scratch_cap = 0;
-    if (fields == NULL)
-        return PyErr_NoMemory();
+    /* a line's unescaped fields are never longer than the line */
+    char *scratch = PyMem_Malloc((size_t)PyBytes_GET_SIZE(text) + 1);
     Buf b;
     buf_init(&b);
-    Py_ssize_t n = PyList_GET_SIZE(lines);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *line = PyList_GET_ITEM(lines, i);
-        if (!PyBytes_Check(line)) {
-            PyErr_SetString(PyExc_TypeError, "copy_snapshot_lines: lines must be bytes");
-            goto fail;
-        }
-        Py_ssize_t len = PyBytes_GET_SIZE(line);
-        if (len > scratch_cap) {
-            char *grown = PyMem_Realloc(scratch, (size_t)len + 1);
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto fail;
-            }
-            scratch = grown;
-            scratch_cap = len;
-        }
-        if (!split_line(PyBytes_AS_STRING(line), len, width, fields, scratch))
+    if (fields == NULL || scratch == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0;; i++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *stop = nl == NULL ? end : nl;
+        if (!split_line(p, stop - p, width, fields, scratch))
             goto general;
         int rc = PUT_LIT(&b, "{\"before\":null,\"after\":") < 0 ? -1 : 1;
         if (rc == 1)
@@ -881,6 +877,9 @@ static PyObject *copy_snapshot_lines(PyObject *self, PyObject *const *args, Py_s
             rc = -1;
         if (rc < 0)
             goto fail;
+        if (nl == NULL)
+            break;
+        p = nl + 1;
     }
     PyMem_Free(fields);
     PyMem_Free(scratch);

@@ -1,9 +1,9 @@
-"""A batch of rows read with COPY, kept as COPY's text lines until something asks for the rows.
+"""A batch of rows read with COPY, kept as COPY's text until something asks for the rows.
 
 The initial snapshot hands its rows to the sinks in these (:func:`cdcd.source.copy.copy_query`
 with ``lazy=True``). A sink that takes events gets them made from :meth:`CopyBatch.rows`
 (:func:`cdcd.decoder.copy_text.copy_rows`, parsed once); the JSON Lines writer writes the
-records straight from the lines (``cdcd._rowjson.copy_snapshot_lines``, the same bytes), and a
+records straight from the text (``cdcd._rowjson.copy_snapshot_lines``, the same bytes), and a
 sink that only counts (null) parses nothing. A line with another number of fields than the
 table's columns is reported where the rows are parsed: by the first sink that needs them.
 """
@@ -20,13 +20,14 @@ __all__ = ["CopyBatch"]
 
 
 class CopyBatch(Sequence[TupleData]):
-    """``lines``: COPY text output, one row per line without its newline, of ``width``
-    columns."""
+    """``text``: COPY text output of ``length`` rows of ``width`` columns, one per line, with
+    no newline after the last."""
 
-    __slots__ = ("_rows", "lines", "width")
+    __slots__ = ("_rows", "length", "text", "width")
 
-    def __init__(self, lines: list[bytes], width: int) -> None:
-        self.lines = lines
+    def __init__(self, text: bytes, length: int, width: int) -> None:
+        self.text = text
+        self.length = length
         self.width = width
         self._rows: list[TupleData] | None = None
 
@@ -38,11 +39,14 @@ class CopyBatch(Sequence[TupleData]):
         """The rows as text-kind TupleData, parsed once."""
         rows = self._rows
         if rows is None:
-            rows = self._rows = copy_rows(self.lines, self.width)
+            lines = self.text.split(b"\n")
+            if len(lines) != self.length:
+                raise ValueError(f"COPY batch of {len(lines)} lines, expected {self.length}")
+            rows = self._rows = copy_rows(lines, self.width)
         return rows
 
     def __len__(self) -> int:
-        return len(self.lines)
+        return self.length
 
     @overload
     def __getitem__(self, index: int) -> TupleData: ...
@@ -51,9 +55,14 @@ class CopyBatch(Sequence[TupleData]):
     def __getitem__(self, index: slice) -> list[TupleData]: ...
 
     def __getitem__(self, index: Any) -> Any:
-        if self._rows is None and not isinstance(index, slice):  # one row: that line only
-            line = self.lines[index]
-            return copy_rows([line], self.width)[0]
+        if self._rows is None and isinstance(index, int):  # the first or last: that line only
+            at = index + self.length if index < 0 else index
+            text = self.text
+            if at == 0:
+                first = text.find(b"\n")
+                return copy_rows([text if first < 0 else text[:first]], self.width)[0]
+            if at == self.length - 1:
+                return copy_rows([text[text.rfind(b"\n") + 1 :]], self.width)[0]
         return self.rows()[index]
 
     def __iter__(self) -> Iterator[TupleData]:

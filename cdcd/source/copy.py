@@ -12,6 +12,7 @@ from typing import Any
 
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
+from cdcd.decoder.events import TupleData
 
 __all__ = ["accounted", "copy_query", "copy_rows"]
 
@@ -30,8 +31,10 @@ async def copy_query(
     (:func:`accounted`); the row count. ``on_rows`` may wait: the server's output waits with
     it. The batches are lists of TupleData, or with ``lazy``
     :class:`~cdcd.decoder.copy_batch.CopyBatch`: the lines, parsed when asked for."""
+    if lazy:
+        return await _copy_lazy(conn, sql, width, on_rows, batch_size)
     rest = b""
-    pending: list[Any] = []
+    pending: list[TupleData] = []
     count = 0
     received = 0  # bytes of the rows in ``pending``, and of ``rest``
 
@@ -42,20 +45,57 @@ async def copy_query(
         lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
         rest = lines.pop()
         if lines:
-            pending += lines if lazy else copy_rows(lines, width)
+            pending += copy_rows(lines, width)
         if len(pending) >= batch_size:
             count += len(pending)
             batch, pending = pending, []
             size, received = received - len(rest), len(rest)
-            await on_rows(CopyBatch(batch, width) if lazy else batch, accounted(len(batch), size))
+            await on_rows(batch, accounted(len(batch), size))
 
     await conn.copy_from_query(sql, output=take)
     if rest:
         raise ValueError(f"COPY output ends inside a row: {sql[:200]}")
     if pending:
         count += len(pending)
-        last = CopyBatch(pending, width) if lazy else pending
-        await on_rows(last, accounted(len(pending), received))
+        await on_rows(pending, accounted(len(pending), received))
+    return count
+
+
+async def _copy_lazy(
+    conn: Any,
+    sql: str,
+    width: int,
+    on_rows: Callable[[Any, int], Awaitable[None]],
+    batch_size: int,
+) -> int:
+    """:func:`copy_query` with ``lazy``: the output's chunks are kept as they come and cut into
+    :class:`CopyBatch` es at a newline once they hold ``batch_size`` rows (no object per row)."""
+    chunks: list[bytes] = []
+    rows = 0  # newlines in ``chunks``
+    count = 0
+
+    async def hand(final: bool) -> None:
+        nonlocal chunks, rows, count
+        text = b"".join(chunks)
+        cut = len(text) - 1 if final else text.rfind(b"\n")  # the output ends with a newline
+        batch, rest = text[:cut], text[cut + 1 :]
+        chunks, taken, rows = [rest] if rest else [], rows, 0
+        count += taken
+        await on_rows(CopyBatch(batch, taken, width), accounted(taken, len(batch)))
+
+    async def take(data: bytes | bytearray) -> None:
+        nonlocal rows
+        data = bytes(data)  # asyncpg hands a bytearray
+        chunks.append(data)
+        rows += data.count(b"\n")
+        if rows >= batch_size:
+            await hand(False)
+
+    await conn.copy_from_query(sql, output=take)
+    if chunks and not chunks[-1].endswith(b"\n"):
+        raise ValueError(f"COPY output ends inside a row: {sql[:200]}")
+    if rows:
+        await hand(True)
     return count
 
 

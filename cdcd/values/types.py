@@ -582,7 +582,7 @@ class RowDecoder:
 
     def snapshot_lines(
         self,
-        batch: list[Any],
+        batch: list[TupleData] | bytes,
         from_copy: bool,
         key_idx: tuple[int, ...] | None,
         key_prefixes: tuple[bytes, ...],
@@ -595,7 +595,7 @@ class RowDecoder:
         extra: bytes,
     ) -> bytes | None:
         """The JSON Lines records of a snapshot's op ``r`` events of the rows ``batch``
-        (TupleData; with ``from_copy``, COPY text lines, not parsed into rows), each with its
+        (TupleData; with ``from_copy``, COPY's text of them, not parsed into rows), each with its
         newline and without a transaction block: what each event's record_json() gives
         (cdcd._rowjson.snapshot_lines, copy_snapshot_lines). None where :meth:`row_json`
         would be, for a COPY line of another number of fields, or where a value fails to

@@ -24,7 +24,7 @@ from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import Column, Relation, TupleData
 from cdcd.events.snapshot_run import SnapshotRun
 from cdcd.sinks.file import FileSink, FileSinkConfig
-from cdcd.sinks.file_layout import JsonlTableWriter
+from cdcd.sinks.file_layout import THREAD_WRITE_BYTES, JsonlTableWriter
 from cdcd.values import types as vtypes
 from tests.unit.sink_fixtures import CONTEXT, encoder, relation, tup
 from tests.unit.test_rowjson import OIDS, draw_tuple
@@ -122,7 +122,7 @@ def test_the_file_sink_writes_a_copy_batch_without_parsing_it(tmp_path: Path) ->
     lines = [b"%d\tn\\t%d\t\\N" % (i, i) for i in range(40)]
     args = {"commit_lsn": 1000, "commit_time": 7, "first_seq": 0, "last": True}
     expected = _records(list(encoder().snapshot_events(keyed, copy_rows(lines, 3), **args)))
-    batch = CopyBatch(lines, 3)
+    batch = CopyBatch(b"\n".join(lines), len(lines), 3)
     run = encoder().snapshot_run(keyed, batch, **args)
     sink = FileSink(FileSinkConfig(path=str(tmp_path), fsync=False), CONTEXT)
 
@@ -199,7 +199,7 @@ def test_jsonl_from_copy_text_is_the_events_records(
     rel, lines = table
     args = {"commit_lsn": 5000, "commit_time": 7, "first_seq": first, "last": last}
     parsed = _made(lambda: copy_rows(lines, len(rel.columns)))
-    batch = CopyBatch(lines, len(rel.columns))
+    batch = CopyBatch(b"\n".join(lines), len(lines), len(rel.columns))
     made = encoder().snapshot_run(rel, batch, **args).jsonl()
     assert not batch.parsed or not C_IN_USE  # the C path parsed nothing into rows
     if not isinstance(parsed, list):  # a line of another width: the rows' parse names it
@@ -214,7 +214,7 @@ def test_jsonl_from_copy_text_is_the_events_records(
 
 def test_a_copy_batch_is_its_rows() -> None:
     lines = [b"1\ta\\tb\t\\N", b"2\t\\\\x\t"]
-    batch = CopyBatch(lines, 3)
+    batch = CopyBatch(b"\n".join(lines), 2, 3)
     assert len(batch) == 2
     assert not batch.parsed
     assert batch[1] == copy_rows(lines, 3)[1]
@@ -240,5 +240,45 @@ def test_copy_text_edges(line: bytes) -> None:
     rel = relation(columns=(("id", 23), ("a", 25), ("b", 25)))
     args = {"commit_lsn": 9, "commit_time": 7, "first_seq": 0, "last": True}
     expected = _records(list(encoder().snapshot_events(rel, copy_rows([line], 3), **args)))
-    made = encoder().snapshot_run(rel, CopyBatch([line], 3), **args).jsonl()
+    made = encoder().snapshot_run(rel, CopyBatch(line, 1, 3), **args).jsonl()
     assert made == (expected if C_IN_USE else None)
+
+
+def test_large_batches_are_written_in_order_by_the_worker_thread(tmp_path: Path) -> None:
+    """Records of batches past THREAD_WRITE_BYTES go through the worker thread: the file
+    still holds every record in order, with the stream's lines written after them."""
+    keyed = relation()
+    batches = [[tup(i, "x" * 300, None) for i in range(k, k + 1000)] for k in (0, 1000, 2000)]
+    args = {"commit_lsn": 1000, "commit_time": 7}
+    expected = b"".join(
+        _records(list(encoder().snapshot_events(keyed, rows, first_seq=k * 1000, **args)))  # type: ignore[misc]
+        for k, rows in enumerate(batches)
+    )
+    writer = JsonlTableWriter(tmp_path / "f.jsonl", keyed, FileSinkConfig(path=str(tmp_path)))
+    for k, rows in enumerate(batches):
+        writer.write(encoder().snapshot_run(keyed, rows, first_seq=k * 1000, **args))
+    writer.write_lines([b'{"last":1}'])
+    writer.finish()
+    assert (tmp_path / "f.jsonl").read_bytes() == expected + b'{"last":1}\n'
+    assert len(expected) // 3 >= THREAD_WRITE_BYTES  # each batch went to the thread
+
+
+class _FullDisk:
+    def write(self, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failed_thread_write_is_raised_before_the_file_completes(tmp_path: Path) -> None:
+    keyed = relation()
+    run = encoder().snapshot_run(
+        keyed, [tup(i, "x" * 300, None) for i in range(1000)], commit_lsn=1, commit_time=7
+    )
+    writer = JsonlTableWriter(tmp_path / "f.jsonl", keyed, FileSinkConfig(path=str(tmp_path)))
+    writer._file.close()
+    writer._file = _FullDisk()  # type: ignore[assignment]
+    with pytest.raises(OSError, match="No space"):
+        writer.write(run)  # the events' path: at once
+        writer.finish()  # the thread's: before the file is completed
