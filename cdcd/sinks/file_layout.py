@@ -9,8 +9,6 @@ Shared by the sink (:mod:`cdcd.sinks.file`), the Parquet writer and object stora
 from __future__ import annotations
 
 import abc
-import concurrent.futures
-import contextlib
 import errno
 import os
 import re
@@ -149,23 +147,11 @@ class TableWriter(abc.ABC):
         """``(commit_lsn, seq)`` of the last event in a published file."""
 
 
-#: A write of at least this many bytes (a snapshot batch's records) goes to a worker thread, so
-#: that the next batch is made while the kernel copies this one (the write system call releases
-#: the GIL); the writer waits for it before its next write, and before completing the file.
-THREAD_WRITE_BYTES = 256 * 1024
-_writes: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _write_thread() -> concurrent.futures.ThreadPoolExecutor:
-    global _writes
-    if _writes is None:
-        _writes = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cdcd-jsonl-write")
-    return _writes
-
-
 class JsonlTableWriter(TableWriter):
     """JSON Lines: each event's ``record_json()`` and a newline, one buffered write per batch
-    (a snapshot's batch: its records from one call, written by a worker thread)."""
+    (a snapshot's batch: its records from one call). Snapshot batches are written here, not by
+    a worker thread: measured, a thread made S1 slower (2.09 against 1.57 µs of CPU per row,
+    ``bench/results/2026-11-24-s1-3m-write-thread-ab.json``)."""
 
     suffix = ".jsonl"
 
@@ -173,30 +159,18 @@ class JsonlTableWriter(TableWriter):
         super().__init__(path, relation, config)
         self._file = path.open("wb", buffering=1 << 20)
         self._size = 0
-        self._writing: concurrent.futures.Future[int] | None = None
-
-    def _settle(self) -> None:
-        """Wait for the write in the worker thread; its error, if it failed."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.result()
 
     def write(self, events: Sequence[ChangeEvent]) -> None:
         if isinstance(events, SnapshotRun):  # a snapshot's rows: their records in one piece
             data = events.jsonl()
             if data is not None:
-                self._settle()
-                if len(data) >= THREAD_WRITE_BYTES:
-                    self._writing = _write_thread().submit(self._file.write, data)
-                else:
-                    self._file.write(data)
+                self._file.write(data)
                 self._size += len(data)
                 self.rows += len(events)
                 return
         self.write_lines([event.record_json() for event in events])
 
     def write_lines(self, lines: list[bytes]) -> None:
-        self._settle()
         data = b"\n".join(lines)
         self._file.write(data)
         self._file.write(b"\n")
@@ -207,17 +181,12 @@ class JsonlTableWriter(TableWriter):
         return self._size
 
     def finish(self) -> None:
-        self._settle()
         self._file.flush()
         if self.config.fsync:
             os.fsync(self._file.fileno())
         self._file.close()
 
     def discard(self) -> None:
-        with contextlib.suppress(
-            Exception
-        ):  # the file goes: what became of a write does not matter
-            self._settle()
         self._file.close()
         self.path.unlink(missing_ok=True)
 

@@ -24,7 +24,7 @@ from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import Column, Relation, TupleData
 from cdcd.events.snapshot_run import SnapshotRun
 from cdcd.sinks.file import FileSink, FileSinkConfig
-from cdcd.sinks.file_layout import THREAD_WRITE_BYTES, JsonlTableWriter
+from cdcd.sinks.file_layout import JsonlTableWriter
 from cdcd.values import types as vtypes
 from tests.unit.sink_fixtures import CONTEXT, encoder, relation, tup
 from tests.unit.test_rowjson import OIDS, draw_tuple
@@ -242,43 +242,3 @@ def test_copy_text_edges(line: bytes) -> None:
     expected = _records(list(encoder().snapshot_events(rel, copy_rows([line], 3), **args)))
     made = encoder().snapshot_run(rel, CopyBatch(line, 1, 3), **args).jsonl()
     assert made == (expected if C_IN_USE else None)
-
-
-def test_large_batches_are_written_in_order_by_the_worker_thread(tmp_path: Path) -> None:
-    """Records of batches past THREAD_WRITE_BYTES go through the worker thread: the file
-    still holds every record in order, with the stream's lines written after them."""
-    keyed = relation()
-    batches = [[tup(i, "x" * 300, None) for i in range(k, k + 1000)] for k in (0, 1000, 2000)]
-    args = {"commit_lsn": 1000, "commit_time": 7}
-    expected = b"".join(
-        _records(list(encoder().snapshot_events(keyed, rows, first_seq=k * 1000, **args)))  # type: ignore[misc]
-        for k, rows in enumerate(batches)
-    )
-    writer = JsonlTableWriter(tmp_path / "f.jsonl", keyed, FileSinkConfig(path=str(tmp_path)))
-    for k, rows in enumerate(batches):
-        writer.write(encoder().snapshot_run(keyed, rows, first_seq=k * 1000, **args))
-    writer.write_lines([b'{"last":1}'])
-    writer.finish()
-    assert (tmp_path / "f.jsonl").read_bytes() == expected + b'{"last":1}\n'
-    assert len(expected) // 3 >= THREAD_WRITE_BYTES  # each batch went to the thread
-
-
-class _FullDisk:
-    def write(self, data: bytes) -> int:
-        raise OSError(28, "No space left on device")
-
-    def close(self) -> None:
-        pass
-
-
-def test_a_failed_thread_write_is_raised_before_the_file_completes(tmp_path: Path) -> None:
-    keyed = relation()
-    run = encoder().snapshot_run(
-        keyed, [tup(i, "x" * 300, None) for i in range(1000)], commit_lsn=1, commit_time=7
-    )
-    writer = JsonlTableWriter(tmp_path / "f.jsonl", keyed, FileSinkConfig(path=str(tmp_path)))
-    writer._file.close()
-    writer._file = _FullDisk()  # type: ignore[assignment]
-    with pytest.raises(OSError, match="No space"):
-        writer.write(run)  # the events' path: at once
-        writer.finish()  # the thread's: before the file is completed
