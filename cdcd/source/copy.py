@@ -2,7 +2,9 @@
 snapshot": COPY's text output is already the bytes the encoder takes, where a ``SELECT`` goes
 through ``str`` and back; measured about twice as fast). The lines become text-kind
 :class:`~cdcd.decoder.events.TupleData`, as the stream's text values do, in
-:mod:`cdcd.decoder.copy_text` (compiled).
+:mod:`cdcd.decoder.copy_text` (compiled): at once, or for the initial snapshot (``lazy``) only
+when a sink asks for rows (:class:`~cdcd.decoder.copy_batch.CopyBatch`; the JSON Lines writer
+never does).
 """
 
 from __future__ import annotations
