@@ -42,7 +42,7 @@ methods:
     snapshot_events(relation, rows, *, commit_lsn, commit_time, first_seq=0, xid=None,
                     last=False) -> Iterator[ChangeEvent]          (op "r")
     snapshot_run(relation, rows, ...) -> SnapshotRun   the same events, made when asked for
-                                          (rows: a list, or a CopyBatch of COPY text lines)
+                                          (rows: a list, or a CopyBatch of COPY text)
     schema_info(relation) -> dict                                 (the file sink's _schema files)
 
 Rules the encoder implements (README "Change events"):

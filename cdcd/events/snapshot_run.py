@@ -108,12 +108,9 @@ class SnapshotRun(Sequence[ChangeEvent]):
         key_idx = rel.key_idx if rel.key_names is not None else None
         head, last_head = info.source_head(rel, "true"), info.source_head(rel, "last")
         fixed = (self.final, self.commit_lsn, self.first_seq, self.ts_ms, info.origin_json)
-        from_copy = isinstance(rows, CopyBatch) and not rows.parsed  # COPY text, not rows
-        batch: Any
-        if isinstance(rows, CopyBatch) and from_copy:
-            batch = rows.text
-        else:
-            batch = rows if isinstance(rows, list) else list(rows)
-        return dec.snapshot_lines(
-            batch, from_copy, key_idx, rel.key_prefixes, head, last_head, *fixed
-        )
+        if isinstance(rows, CopyBatch) and not rows.parsed:  # from COPY's text, not parsed
+            return dec.snapshot_lines(
+                rows.text, True, key_idx, rel.key_prefixes, head, last_head, *fixed
+            )
+        batch = rows if isinstance(rows, list) else list(rows)
+        return dec.snapshot_lines(batch, False, key_idx, rel.key_prefixes, head, last_head, *fixed)

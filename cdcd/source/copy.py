@@ -2,9 +2,9 @@
 snapshot": COPY's text output is already the bytes the encoder takes, where a ``SELECT`` goes
 through ``str`` and back; measured about twice as fast). The lines become text-kind
 :class:`~cdcd.decoder.events.TupleData`, as the stream's text values do, in
-:mod:`cdcd.decoder.copy_text` (compiled): at once, or for the initial snapshot (``lazy``) only
-when a sink asks for rows (:class:`~cdcd.decoder.copy_batch.CopyBatch`; the JSON Lines writer
-never does).
+:mod:`cdcd.decoder.copy_text` (compiled): at once (:func:`copy_query`), or, for the initial
+snapshot, only when a sink asks for rows (:func:`copy_batches`,
+:class:`~cdcd.decoder.copy_batch.CopyBatch`; the JSON Lines writer never does).
 """
 
 from __future__ import annotations
@@ -16,25 +16,20 @@ from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import TupleData
 
-__all__ = ["accounted", "copy_query", "copy_rows"]
+__all__ = ["accounted", "copy_batches", "copy_query", "copy_rows"]
 
 
 async def copy_query(
     conn: Any,
     sql: str,
     width: int,
-    on_rows: Callable[[Any, int], Awaitable[None]],
+    on_rows: Callable[[list[TupleData], int], Awaitable[None]],
     batch_size: int = 5000,
-    *,
-    lazy: bool = False,
 ) -> int:
     """Read the rows of ``sql`` (its ``width`` columns as text) with ``COPY (sql) TO STDOUT``,
     handing them to ``on_rows`` in batches of about ``batch_size``, with their accounted bytes
     (:func:`accounted`); the row count. ``on_rows`` may wait: the server's output waits with
-    it. The batches are lists of TupleData, or with ``lazy``
-    :class:`~cdcd.decoder.copy_batch.CopyBatch`: the lines, parsed when asked for."""
-    if lazy:
-        return await _copy_lazy(conn, sql, width, on_rows, batch_size)
+    it."""
     rest = b""
     pending: list[TupleData] = []
     count = 0
@@ -63,15 +58,16 @@ async def copy_query(
     return count
 
 
-async def _copy_lazy(
+async def copy_batches(
     conn: Any,
     sql: str,
     width: int,
-    on_rows: Callable[[Any, int], Awaitable[None]],
-    batch_size: int,
+    on_rows: Callable[[CopyBatch, int], Awaitable[None]],
+    batch_size: int = 5000,
 ) -> int:
-    """:func:`copy_query` with ``lazy``: the output's chunks are kept as they come and cut into
-    :class:`CopyBatch` es at a newline once they hold ``batch_size`` rows (no object per row)."""
+    """:func:`copy_query` with the rows left as COPY's text: the output's chunks are kept as
+    they come and cut into :class:`CopyBatch` es at a newline once they hold ``batch_size``
+    rows (no object per row; parsed when a sink asks)."""
     chunks: list[bytes] = []
     rows = 0  # newlines in ``chunks``
     count = 0

@@ -45,7 +45,7 @@ import asyncpg
 
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
-from cdcd.source.copy import copy_query
+from cdcd.source.copy import copy_batches, copy_query
 from cdcd.wire.frontend import quote_ident, quote_literal
 
 _TABLES_SQL = """
@@ -300,13 +300,13 @@ async def copy_chunk(
     on_rows: Callable[[CopyBatch, int], Awaitable[None]],
     batch_size: int = 5000,
 ) -> int:
-    """Read ``chunk`` (inside the caller's transaction) with COPY (:func:`copy_query`), its
+    """Read ``chunk`` (inside the caller's transaction) with COPY (:func:`copy_batches`), its
     rows in :class:`~cdcd.decoder.copy_batch.CopyBatch` es (parsed when a sink asks)."""
     sql = chunk_query(chunk)
     if sql is None:
         return 0
     width = len(chunk.table.relation.columns)
-    return await copy_query(conn, sql, width, on_rows, batch_size, lazy=True)
+    return await copy_batches(conn, sql, width, on_rows, batch_size)
 
 
 # The primary key, else the replica identity index (unique, not partial, columns NOT NULL).

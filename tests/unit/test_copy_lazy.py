@@ -1,4 +1,4 @@
-"""copy_query with ``lazy``: COPY's output, however the server's chunks split it, becomes
+"""copy_batches: COPY's output, however the server's chunks split it, becomes
 CopyBatches of whole lines whose rows are exactly the rows of the whole output."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
-from cdcd.source.copy import copy_query
+from cdcd.source.copy import copy_batches
 
 
 class _Conn:
@@ -36,7 +36,7 @@ def _read(chunks: list[bytes], batch_size: int) -> tuple[int, list[tuple[Any, in
     async def on_rows(batch: Any, size: int) -> None:
         got.append((batch, size))
 
-    count = asyncio.run(copy_query(_Conn(chunks), "q", 2, on_rows, batch_size, lazy=True))
+    count = asyncio.run(copy_batches(_Conn(chunks), "q", 2, on_rows, batch_size))
     return count, got
 
 
