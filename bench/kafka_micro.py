@@ -15,6 +15,7 @@ aiokafka's send path), and wall time. The broker runs in its own process and is 
 
 from __future__ import annotations
 
+import atexit
 import argparse
 import asyncio
 import cProfile
@@ -41,6 +42,7 @@ def transactions(path: Path) -> list:
     session._state = State.COPY_BOTH
     decoder = PgOutputDecoder(1)
     spill = Path(tempfile.mkdtemp(prefix="cdcd-kmicro-spill-"))
+    atexit.register(shutil.rmtree, spill, True)  # the transactions may read their spill
     assembler = Assembler(memory_limit=4 << 30, spill_dir=spill)
     header = struct.Struct("!cQQq").unpack_from
     txns = []
@@ -152,7 +154,6 @@ def main() -> None:
         f"{events / cpu:,.0f} rows/s), wall {wall:.2f}s ({events / wall:,.0f} rows/s), "
         f"{options}; broker cpu {broker_cpu:.2f}s"
     )
-    shutil.rmtree(tempfile.gettempdir() + "/cdcd-kmicro-spill-", ignore_errors=True)
 
 
 if __name__ == "__main__":
