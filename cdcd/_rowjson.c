@@ -36,17 +36,62 @@ enum {
 #define KIND_TEXT 't'
 #define KIND_BINARY 'b'
 
+/* Output: in `small`, then on the heap; or, after buf_chunked, in bytes objects of about
+ * CHUNK bytes that buf_finish returns as a list. A large output in pieces of that size is
+ * allocated from the heap's free lists, not mapped afresh (and faulted in) for each batch,
+ * and is never copied once written. */
 typedef struct {
     char *data;
     Py_ssize_t len;
     Py_ssize_t cap;
+    PyObject *obj;     /* chunked: the piece being written, `data` is its bytes */
+    PyObject *pieces;  /* chunked: the pieces before it */
     char small[1024];
 } Buf;
+
+/* below glibc's threshold for mapping an allocation on its own (128 KiB at least) */
+#define CHUNK ((Py_ssize_t)(64 * 1024 - 64))
+
+static int buf_new_piece(Buf *b, Py_ssize_t cap) {
+    b->obj = PyBytes_FromStringAndSize(NULL, cap);
+    if (b->obj == NULL)
+        return -1;
+    b->data = PyBytes_AS_STRING(b->obj);
+    b->len = 0;
+    b->cap = cap;
+    return 0;
+}
+
+/* The piece being written, cut to what was written, appended to the pieces. */
+static int buf_end_piece(Buf *b) {
+    PyObject *obj = b->obj;
+    Py_ssize_t len = b->len;
+    b->obj = NULL;
+    b->data = b->small;
+    b->len = 0;
+    b->cap = (Py_ssize_t)sizeof(b->small);
+    if (obj == NULL)
+        return 0;
+    if (len == 0) {
+        Py_DECREF(obj);
+        return 0;
+    }
+    if (_PyBytes_Resize(&obj, len) < 0)
+        return -1;
+    int rc = PyList_Append(b->pieces, obj);
+    Py_DECREF(obj);
+    return rc;
+}
 
 static int buf_reserve(Buf *b, Py_ssize_t extra) {
     Py_ssize_t need = b->len + extra;
     if (need <= b->cap)
         return 0;
+    if (b->pieces != NULL) {
+        if (buf_end_piece(b) < 0)
+            return -1;
+        return buf_new_piece(b, extra > CHUNK ? extra : CHUNK);
+    }
     Py_ssize_t cap = b->cap * 2;
     if (cap < need)
         cap = need;
@@ -79,15 +124,40 @@ static void buf_init(Buf *b) {
     b->data = b->small;
     b->len = 0;
     b->cap = (Py_ssize_t)sizeof(b->small);
+    b->obj = NULL;
+    b->pieces = NULL;
+}
+
+/* An empty buffer whose output is a list of pieces (see Buf). */
+static int buf_chunked(Buf *b) {
+    buf_init(b);
+    b->pieces = PyList_New(0);
+    if (b->pieces == NULL)
+        return -1;
+    return buf_new_piece(b, CHUNK);
 }
 
 static void buf_free(Buf *b) {
-    if (b->data != b->small)
+    if (b->pieces != NULL) {
+        Py_CLEAR(b->obj);
+        Py_CLEAR(b->pieces);
+        b->data = b->small;
+    } else if (b->data != b->small) {
         PyMem_Free(b->data);
+    }
 }
 
-/* The bytes written, and the buffer freed. */
+/* What was written (bytes; chunked: a list of bytes), and the buffer freed. */
 static PyObject *buf_finish(Buf *b) {
+    if (b->pieces != NULL) {
+        if (buf_end_piece(b) < 0) {
+            buf_free(b);
+            return NULL;
+        }
+        PyObject *pieces = b->pieces;
+        b->pieces = NULL;
+        return pieces;
+    }
     PyObject *result = PyBytes_FromStringAndSize(b->data, b->len);
     buf_free(b);
     return result;
@@ -605,15 +675,68 @@ static int put_ll(Buf *b, long long v) {
 static PyObject *ATTR_KINDS, *ATTR_VALUES;
 
 /* What the records of one batch of snapshot rows share (snapshot_lines' arguments after the
- * first). */
+ * first), and the parts of their envelope that are the same for every row (snap_prepare). */
 typedef struct {
     PyObject *names, *codes, *text_convs, *binary_convs, *key_idx, *key_names;
     PyObject *head, *last_head, *extra, *dumps;
     Py_ssize_t last_index;
     long long commit_lsn, first_seq, ts_ms;
+    /* from the after image's end to the seq's digits: row 0, rows after it, the last row */
+    PyObject *env_first, *env_rest, *env_last;
+    PyObject *env_tail;  /* from after the seq to the key */
 } Snap;
 
+static void snap_clear(Snap *s) {
+    Py_CLEAR(s->env_first);
+    Py_CLEAR(s->env_rest);
+    Py_CLEAR(s->env_last);
+    Py_CLEAR(s->env_tail);
+}
+
+/* ``,"source":`` head ``"lsn":`` ... ``"seq":`` for a row that is first or not, with `head`. */
+static PyObject *snap_env(const Snap *s, PyObject *head, int first) {
+    Buf b;
+    buf_init(&b);
+    if (PUT_LIT(&b, ",\"source\":") < 0 || put_bytes(&b, head) < 0 || PUT_LIT(&b, "\"lsn\":") < 0
+        || put_ll(&b, s->commit_lsn) < 0 || PUT_LIT(&b, ",\"sequence\":\"[") < 0)
+        goto fail;
+    if (first) {
+        if (PUT_LIT(&b, "null") < 0)
+            goto fail;
+    } else if (PUT_LIT(&b, "\\\"") < 0 || put_ll(&b, s->commit_lsn) < 0 || PUT_LIT(&b, "\\\"") < 0) {
+        goto fail;
+    }
+    if (PUT_LIT(&b, ",\\\"") < 0 || put_ll(&b, s->commit_lsn) < 0
+        || PUT_LIT(&b, "\\\"]\",\"xmin\":null,\"commit_lsn\":") < 0 || put_ll(&b, s->commit_lsn) < 0
+        || PUT_LIT(&b, ",\"seq\":") < 0)
+        goto fail;
+    return buf_finish(&b);
+fail:
+    buf_free(&b);
+    return NULL;
+}
+
+static int snap_prepare(Snap *s) {
+    Buf b;
+    s->env_first = snap_env(s, s->head, 1);
+    s->env_rest = snap_env(s, s->head, 0);
+    s->env_last = snap_env(s, s->last_head, s->last_index == 0);
+    if (s->env_first == NULL || s->env_rest == NULL || s->env_last == NULL)
+        return -1;
+    buf_init(&b);
+    if (put_bytes(&b, s->extra) < 0 || PUT_LIT(&b, "},\"op\":\"r\",\"ts_ms\":") < 0
+        || put_ll(&b, s->ts_ms) < 0
+        /* snapshot rows: no transaction block */
+        || PUT_LIT(&b, ",\"transaction\":null,\"key\":") < 0) {
+        buf_free(&b);
+        return -1;
+    }
+    s->env_tail = buf_finish(&b);
+    return s->env_tail == NULL ? -1 : 0;
+}
+
 static int snap_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, Snap *s) {
+    s->env_first = s->env_rest = s->env_last = s->env_tail = NULL;
     if (nargs != 15) {
         PyErr_Format(PyExc_TypeError, "%s takes 15 arguments", fn);
         return -1;
@@ -637,28 +760,19 @@ static int snap_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, Sn
     s->commit_lsn = PyLong_AsLongLong(args[10]);
     s->first_seq = PyLong_AsLongLong(args[11]);
     s->ts_ms = PyLong_AsLongLong(args[12]);
-    return PyErr_Occurred() ? -1 : 0;
+    if (PyErr_Occurred() || snap_prepare(s) < 0) {
+        snap_clear(s);
+        return -1;
+    }
+    return 0;
 }
 
 /* Row i's record from the after image's end to the key: ``,"source":...,"key":``. */
 static int put_envelope(Buf *b, const Snap *s, Py_ssize_t i) {
-    long long seq = s->first_seq + i;
-    PyObject *source = i == s->last_index ? s->last_head : s->head;
-    if (PUT_LIT(b, ",\"source\":") < 0 || put_bytes(b, source) < 0 || PUT_LIT(b, "\"lsn\":") < 0
-        || put_ll(b, s->commit_lsn) < 0 || PUT_LIT(b, ",\"sequence\":\"[") < 0)
-        return -1;
-    if (i == 0) {
-        if (PUT_LIT(b, "null") < 0)
-            return -1;
-    } else if (PUT_LIT(b, "\\\"") < 0 || put_ll(b, s->commit_lsn) < 0 || PUT_LIT(b, "\\\"") < 0) {
-        return -1;
-    }
-    if (PUT_LIT(b, ",\\\"") < 0 || put_ll(b, s->commit_lsn) < 0
-        || PUT_LIT(b, "\\\"]\",\"xmin\":null,\"commit_lsn\":") < 0 || put_ll(b, s->commit_lsn) < 0
-        || PUT_LIT(b, ",\"seq\":") < 0 || put_ll(b, seq) < 0 || put_bytes(b, s->extra) < 0
-        || PUT_LIT(b, "},\"op\":\"r\",\"ts_ms\":") < 0 || put_ll(b, s->ts_ms) < 0
-        /* snapshot rows: no transaction block */
-        || PUT_LIT(b, ",\"transaction\":null,\"key\":") < 0)
+    PyObject *env = i == s->last_index ? s->env_last : i == 0 ? s->env_first : s->env_rest;
+    if (buf_put(b, PyBytes_AS_STRING(env), PyBytes_GET_SIZE(env)) < 0
+        || put_ll(b, s->first_seq + i) < 0
+        || buf_put(b, PyBytes_AS_STRING(s->env_tail), PyBytes_GET_SIZE(s->env_tail)) < 0)
         return -1;
     return 0;
 }
@@ -666,13 +780,14 @@ static int put_envelope(Buf *b, const Snap *s, Py_ssize_t i) {
 PyDoc_STRVAR(snapshot_lines_doc,
 "snapshot_lines(rows, names, codes, text_convs, binary_convs, key_idx, key_names, head,\n"
 "               last_head, last_index, commit_lsn, first_seq, ts_ms, extra, dumps)\n"
-"    -> bytes | None\n\n"
-"The JSON Lines records, each followed by a newline, of the op \"r\" events that\n"
+"    -> list[bytes] | None\n\n"
+"The JSON Lines records, each followed by a newline, in pieces of about 64 KiB (a record may\n"
+"span two), of the op \"r\" events that\n"
 "Encoder.snapshot_run makes of ``rows`` (TupleData of one table): row i has seq\n"
 "``first_seq + i``, lsn and commit_lsn ``commit_lsn``, a previous lsn from its second row on,\n"
 "the source fields ``head`` (``last_head`` for row ``last_index``; -1: none) then ``extra``\n"
 "after seq, no before image and no transaction block; its key from the columns ``key_idx``\n"
-"(None: a null key). The same bytes as each event's record_json(). None when a row needs the\n"
+"(None: a null key). Joined, the same bytes as the events' record_json(). None when a row needs the\n"
 "general path (unchanged TOAST, another width); a converter's error propagates.");
 
 static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -683,10 +798,15 @@ static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *rows = args[0];
     if (!PyList_Check(rows)) {
         PyErr_SetString(PyExc_TypeError, "snapshot_lines: rows must be a list");
+        snap_clear(&s);
         return NULL;
     }
     Buf b;
-    buf_init(&b);
+    if (buf_chunked(&b) < 0) {
+        buf_free(&b);
+        snap_clear(&s);
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(rows);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
@@ -719,12 +839,15 @@ static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_
             goto fail;
         if (rc == 0) {
             buf_free(&b);
+            snap_clear(&s);
             Py_RETURN_NONE;
         }
     }
+    snap_clear(&s);
     return buf_finish(&b);
 fail:
     buf_free(&b);
+    snap_clear(&s);
     return NULL;
 }
 
@@ -827,7 +950,7 @@ static int put_fields(Buf *b, PyObject *names, PyObject *idx, PyObject *codes,
 }
 
 PyDoc_STRVAR(copy_snapshot_lines_doc,
-"copy_snapshot_lines(text, names, codes, ...) -> bytes | None\n\n"
+"copy_snapshot_lines(text, names, codes, ...) -> list[bytes] | None\n\n"
 "snapshot_lines of the rows in ``text`` (COPY text output: rows separated by newlines, no\n"
 "newline after the last), without making them: the same bytes as\n"
 "snapshot_lines(copy_rows(text.split(b'\\n'), len(codes)), ...). None when a line has another\n"
@@ -839,20 +962,24 @@ static PyObject *copy_snapshot_lines(PyObject *self, PyObject *const *args, Py_s
     if (snap_args("copy_snapshot_lines", args, nargs, &s) < 0)
         return NULL;
     PyObject *text = args[0];
+    Py_ssize_t width = PyBytes_GET_SIZE(s.codes);
     if (!PyBytes_Check(text)) {
         PyErr_SetString(PyExc_TypeError, "copy_snapshot_lines: text must be bytes");
+        snap_clear(&s);
         return NULL;
     }
-    Py_ssize_t width = PyBytes_GET_SIZE(s.codes);
-    if (width == 0 || PyTuple_GET_SIZE(s.text_convs) != width)
+    if (width == 0 || PyTuple_GET_SIZE(s.text_convs) != width) {
+        snap_clear(&s);
         Py_RETURN_NONE;  /* no columns: the general path */
-    const char *p = PyBytes_AS_STRING(text), *end = p + PyBytes_GET_SIZE(text);
+    }
+    const char *p = PyBytes_AS_STRING(text);
+    Py_ssize_t size = PyBytes_GET_SIZE(text);
+    const char *end = p + size;
     Field *fields = PyMem_Malloc(sizeof(Field) * (size_t)width);
     /* a line's unescaped fields are never longer than the line */
-    char *scratch = PyMem_Malloc((size_t)PyBytes_GET_SIZE(text) + 1);
+    char *scratch = PyMem_Malloc((size_t)size + 1);
     Buf b;
-    buf_init(&b);
-    if (fields == NULL || scratch == NULL) {
+    if (buf_chunked(&b) < 0 || fields == NULL || scratch == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -883,16 +1010,19 @@ static PyObject *copy_snapshot_lines(PyObject *self, PyObject *const *args, Py_s
     }
     PyMem_Free(fields);
     PyMem_Free(scratch);
+    snap_clear(&s);
     return buf_finish(&b);
 general:
     PyMem_Free(fields);
     PyMem_Free(scratch);
     buf_free(&b);
+    snap_clear(&s);
     Py_RETURN_NONE;
 fail:
     PyMem_Free(fields);
     PyMem_Free(scratch);
     buf_free(&b);
+    snap_clear(&s);
     return NULL;
 }
 

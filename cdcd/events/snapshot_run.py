@@ -94,9 +94,11 @@ class SnapshotRun(Sequence[ChangeEvent]):
     def __iter__(self) -> Iterator[ChangeEvent]:
         return iter(self.events())
 
-    def jsonl(self) -> bytes | None:
-        """Every event's ``record_json()`` followed by a newline, in one piece, made from the
-        rows without making the events; None where cdcd._rowjson is not in use, or a row
+    def jsonl(self) -> list[bytes] | None:
+        """Every event's ``record_json()`` followed by a newline, in pieces of about 64 KiB to
+        write one after the other (a record may span two; pieces that size are reused from
+        the heap, where one large piece per batch was mapped and faulted in afresh), made from
+        the rows without making the events; None where cdcd._rowjson is not in use, or a row
         needs the events' general path (an error then surfaces from there, naming the
         column)."""
         rel = self.rel

@@ -161,11 +161,14 @@ class JsonlTableWriter(TableWriter):
         self._size = 0
 
     def write(self, events: Sequence[ChangeEvent]) -> None:
-        if isinstance(events, SnapshotRun):  # a snapshot's rows: their records in one piece
-            data = events.jsonl()
-            if data is not None:
-                self._file.write(data)
-                self._size += len(data)
+        if isinstance(events, SnapshotRun):  # a snapshot's rows: their records from one call
+            pieces = events.jsonl()
+            if pieces is not None:
+                write = self._file.write
+                size = 0
+                for piece in pieces:
+                    size += write(piece)
+                self._size += size
                 self.rows += len(events)
                 return
         self.write_lines([event.record_json() for event in events])

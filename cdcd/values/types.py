@@ -427,6 +427,7 @@ class TypeRegistry:
 # --- rows ------------------------------------------------------------------------------------
 
 RowJson = Callable[..., "bytes | None"]
+SnapshotLines = Callable[..., "list[bytes] | None"]
 
 
 def _load_rowjson() -> Any:
@@ -442,8 +443,10 @@ _ROWJSON: Final = _load_rowjson()
 _c_row_json: Final[RowJson | None] = None if _ROWJSON is None else _ROWJSON.row_json
 #: cdcd._rowjson.event_body, or None: ChangeEvent._body formats row events in Python then.
 C_EVENT_BODY: Final[Callable[..., bytes] | None] = None if _ROWJSON is None else _ROWJSON.event_body
-_c_snapshot_lines: Final[RowJson | None] = None if _ROWJSON is None else _ROWJSON.snapshot_lines
-_c_copy_snapshot_lines: Final[RowJson | None] = (
+_c_snapshot_lines: Final[SnapshotLines | None] = (
+    None if _ROWJSON is None else _ROWJSON.snapshot_lines
+)
+_c_copy_snapshot_lines: Final[SnapshotLines | None] = (
     None if _ROWJSON is None else _ROWJSON.copy_snapshot_lines
 )
 
@@ -593,11 +596,12 @@ class RowDecoder:
         first_seq: int,
         ts_ms: int,
         extra: bytes,
-    ) -> bytes | None:
+    ) -> list[bytes] | None:
         """The JSON Lines records of a snapshot's op ``r`` events of the rows ``batch``
         (TupleData; with ``from_copy``, COPY's text of them, not parsed into rows), each with its
         newline and without a transaction block: what each event's record_json() gives
-        (cdcd._rowjson.snapshot_lines, copy_snapshot_lines). None where :meth:`row_json`
+        (cdcd._rowjson.snapshot_lines, copy_snapshot_lines), in pieces of about 64 KiB to be
+        written one after the other (a record may span two). None where :meth:`row_json`
         would be, for a COPY line of another number of fields, or where a value fails to
         convert: the caller's per-event path then names it."""
         make = _c_copy_snapshot_lines if from_copy else _c_snapshot_lines

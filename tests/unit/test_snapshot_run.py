@@ -50,6 +50,12 @@ def tables(draw: st.DrawFn) -> tuple[Relation, list[TupleData], bool]:
     return Relation(None, 16400, "public", "t", "d", columns), rows, toast
 
 
+def _joined(run: SnapshotRun) -> bytes | None:
+    """The run's records as one piece (``jsonl()`` gives them in pieces of about 64 KiB)."""
+    pieces = run.jsonl()
+    return None if pieces is None else b"".join(pieces)
+
+
 def _records(events: list) -> bytes | type[Exception]:
     try:
         return b"".join(e.record_json() + b"\n" for e in events)
@@ -70,7 +76,7 @@ def test_jsonl_is_the_events_records(
     rel, rows, toast = table
     args = {"commit_lsn": lsn, "commit_time": first, "first_seq": first, "last": last}
     expected = _records(list(encoder().snapshot_events(rel, rows, **args)))
-    made = encoder().snapshot_run(rel, rows, **args).jsonl()
+    made = _joined(encoder().snapshot_run(rel, rows, **args))
     if not C_IN_USE:
         assert made is None
     elif toast or not isinstance(expected, bytes):
@@ -200,7 +206,7 @@ def test_jsonl_from_copy_text_is_the_events_records(
     args = {"commit_lsn": 5000, "commit_time": 7, "first_seq": first, "last": last}
     parsed = _made(lambda: copy_rows(lines, len(rel.columns)))
     batch = CopyBatch(b"\n".join(lines), len(lines), len(rel.columns))
-    made = encoder().snapshot_run(rel, batch, **args).jsonl()
+    made = _joined(encoder().snapshot_run(rel, batch, **args))
     assert not batch.parsed or not C_IN_USE  # the C path parsed nothing into rows
     if not isinstance(parsed, list):  # a line of another width: the rows' parse names it
         assert made is None
@@ -240,5 +246,23 @@ def test_copy_text_edges(line: bytes) -> None:
     rel = relation(columns=(("id", 23), ("a", 25), ("b", 25)))
     args = {"commit_lsn": 9, "commit_time": 7, "first_seq": 0, "last": True}
     expected = _records(list(encoder().snapshot_events(rel, copy_rows([line], 3), **args)))
-    made = encoder().snapshot_run(rel, CopyBatch(line, 1, 3), **args).jsonl()
+    made = _joined(encoder().snapshot_run(rel, CopyBatch(line, 1, 3), **args))
     assert made == (expected if C_IN_USE else None)
+
+
+@pytest.mark.skipif(not C_IN_USE, reason="cdcd._rowjson is not in use")
+@pytest.mark.parametrize("from_copy", [False, True])
+def test_the_records_come_in_pieces_of_about_64_kib(from_copy: bool) -> None:
+    """A large batch's records are written in heap-sized pieces, a record larger than a piece
+    in a piece of its own size; joined, they are the events' records."""
+    rel = relation(columns=(("id", 23), ("a", 25), ("b", 25)))
+    values = [(i, f"value {i}" * (1 + i % 7), "x" * (200_000 if i == 1500 else 3)) for i in range(3000)]
+    lines = [f"{i}\t{a}\t{b}".encode() for i, a, b in values]
+    rows = CopyBatch(b"\n".join(lines), len(lines), 3) if from_copy else [tup(*v) for v in values]
+    args = {"commit_lsn": 77, "commit_time": 7, "first_seq": 10, "last": True}
+    pieces = encoder().snapshot_run(rel, rows, **args).jsonl()
+    assert pieces is not None and len(pieces) > 10
+    assert all(0 < len(piece) <= 64 * 1024 for piece in pieces if b"x" * 70_000 not in piece)
+    assert any(len(piece) > 200_000 for piece in pieces)  # the large record, whole
+    expected = _records(list(encoder().snapshot_events(rel, copy_rows(lines, 3), **args)))
+    assert b"".join(pieces) == expected
