@@ -15,9 +15,9 @@ aiokafka's send path), and wall time. The broker runs in its own process and is 
 
 from __future__ import annotations
 
-import atexit
 import argparse
 import asyncio
+import atexit
 import cProfile
 import os
 import shutil

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
-from cdcd.source.copy import copy_batches
+from cdcd.source.copy import copy_batches, count_newlines
 
 
 class _Conn:
@@ -60,6 +60,7 @@ def test_batches_hold_the_rows_of_the_whole_output(
     count, got = _read(chunks, batch_size)
     assert count == len(rows)
     assert all(isinstance(b, CopyBatch) and len(b) > 0 for b, _ in got)
+    assert all(type(b.text) is bytes for b, _ in got)  # not the bytearrays asyncpg hands
     assert [row for b, _ in got for row in b] == copy_rows(rows, 2)
     assert all(len(b) >= batch_size for b, _ in got[:-1])  # whole batches but the last
     assert [b[-1] for b, _ in got] == [list(b)[-1] for b, _ in got]  # the last line alone
@@ -68,3 +69,13 @@ def test_batches_hold_the_rows_of_the_whole_output(
 def test_output_that_ends_inside_a_row_is_an_error() -> None:
     with pytest.raises(ValueError, match="ends inside a row"):
         _read([b"1\ta\n2\t"], 5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=10_000), newlines=st.integers(0, 9000), at=st.integers(0, 10_000))
+def test_count_newlines_is_bytes_count(data: bytes, newlines: int, at: int) -> None:
+    """Whatever the length (the compiled count works in blocks of 4080 bytes), and in
+    bytearrays as asyncpg hands them."""
+    data = data[:at] + b"\n" * newlines + data[at:]
+    assert count_newlines(data) == data.count(b"\n")
+    assert count_newlines(bytearray(data)) == data.count(b"\n")

@@ -256,7 +256,9 @@ def test_the_records_come_in_pieces_of_about_64_kib(from_copy: bool) -> None:
     """A large batch's records are written in heap-sized pieces, a record larger than a piece
     in a piece of its own size; joined, they are the events' records."""
     rel = relation(columns=(("id", 23), ("a", 25), ("b", 25)))
-    values = [(i, f"value {i}" * (1 + i % 7), "x" * (200_000 if i == 1500 else 3)) for i in range(3000)]
+    values = [
+        (i, f"value {i}" * (1 + i % 7), "x" * (200_000 if i == 1500 else 3)) for i in range(3000)
+    ]
     lines = [f"{i}\t{a}\t{b}".encode() for i, a, b in values]
     rows = CopyBatch(b"\n".join(lines), len(lines), 3) if from_copy else [tup(*v) for v in values]
     args = {"commit_lsn": 77, "commit_time": 7, "first_seq": 10, "last": True}
