@@ -9,6 +9,7 @@ Shared by the sink (:mod:`cdcd.sinks.file`), the Parquet writer and object stora
 from __future__ import annotations
 
 import abc
+import contextlib
 import errno
 import os
 import re
@@ -147,6 +148,18 @@ class TableWriter(abc.ABC):
         """``(commit_lsn, seq)`` of the last event in a published file."""
 
 
+def sync_and_release(fd: int) -> None:
+    """fsync a completed data file, then tell the kernel its cached pages may go (README "File
+    sink": the next file's writes reuse them instead of taking fresh memory; measured on the
+    10,000,000-row snapshot, README "Initial snapshot"). Only advice: where the platform has no
+    ``posix_fadvise`` or refuses it, nothing changes."""
+    os.fsync(fd)
+    fadvise = getattr(os, "posix_fadvise", None)
+    if fadvise is not None:
+        with contextlib.suppress(OSError):
+            fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
 def write_pieces(fd: int, pieces: list[bytes]) -> int:
     """Write ``pieces`` one after the other to ``fd`` with ``os.writev`` (a short write goes
     on from where it stopped); the bytes written."""
@@ -207,7 +220,7 @@ class JsonlTableWriter(TableWriter):
     def finish(self) -> None:
         self._file.flush()
         if self.config.fsync:
-            os.fsync(self._file.fileno())
+            sync_and_release(self._file.fileno())
         self._file.close()
 
     def discard(self) -> None:

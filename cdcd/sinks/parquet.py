@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,7 +64,7 @@ import pyarrow.parquet as pq
 
 from cdcd.decoder.events import Relation
 from cdcd.errors import DefiniteSinkError
-from cdcd.sinks.file_layout import Position, TableWriter
+from cdcd.sinks.file_layout import Position, TableWriter, sync_and_release
 from cdcd.sinks.parquet_columns import ColumnBuilder, as_text, has_none, lost
 from cdcd.values.types import TypeInfo, TypeRegistry
 
@@ -493,7 +492,7 @@ class ParquetTableWriter(TableWriter):
             self._writer.close()
         self._file.flush()
         if self.config.fsync:
-            os.fsync(self._file.fileno())
+            sync_and_release(self._file.fileno())
         self._file.close()
 
     def discard(self) -> None:
