@@ -315,6 +315,7 @@ class Measured:
     peak_rss_mb: float
     stdout: str
     stderr: str
+    minor_faults: int = 0  # page faults served without I/O: fresh memory touched (wait4)
 
 
 def run_measured(
@@ -372,6 +373,7 @@ def _wait_measured(
         (hwm_kib or usage.ru_maxrss) / 1024,
         out.read().decode(errors="replace"),
         err.read().decode(errors="replace"),
+        usage.ru_minflt,
     )
 
 
@@ -991,6 +993,9 @@ def report(
             "server_version": cluster.version,
             "cpu_seconds": round(r.measured.cpu_seconds, 3),
             "cpu_us_per_row": round(r.measured.cpu_seconds / r.rows * 1e6, 2) if r.rows else None,
+            "minor_faults_per_krow": (
+                round(r.measured.minor_faults / r.rows * 1000, 1) if r.rows else None
+            ),
             "streaming": wl.streaming,
         }
         row |= r.extra
@@ -1007,7 +1012,7 @@ def summary_line(r: Result) -> str:
     extra = " ".join(f"{k}={v}" for k, v in r.extra.items() if k != "peer_rows_per_s")
     return (
         f"rows={r.rows} {m.seconds:.2f}s {r.rows / m.seconds:,.0f} rows/s "
-        f"cpu={m.cpu_seconds:.2f}s rss={m.peak_rss_mb:.0f}MB {extra}"
+        f"cpu={m.cpu_seconds:.2f}s rss={m.peak_rss_mb:.0f}MB faults={m.minor_faults} {extra}"
     )
 
 

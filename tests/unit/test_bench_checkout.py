@@ -49,3 +49,17 @@ def test_a_contender_that_ran_another_package_fails(tmp_path: Path) -> None:
     run.check_package({}, checkout, "base_cdcd_null")  # an older baseline cannot say
     with pytest.raises(RuntimeError, match="base_cdcd_null ran the cdcd package in /elsewhere"):
         run.check_package({"cdcd_package": "/elsewhere/cdcd"}, checkout, "base_cdcd_null")
+
+
+def test_a_contender_s_page_faults_are_counted() -> None:
+    """``minor_faults_per_krow`` comes from wait4: a child that touches 64 MiB of fresh memory
+    shows about a fault per 4 KiB page more than one that touches none."""
+    import sys
+
+    touch = (
+        "import mmap; m = mmap.mmap(-1, {n}); [m.__setitem__(i, 1) for i in range(0, {n}, 4096)]"
+    )
+    idle = run.run_measured([sys.executable, "-c", touch.format(n=4096)])
+    busy = run.run_measured([sys.executable, "-c", touch.format(n=64 << 20)])
+    assert idle.returncode == busy.returncode == 0
+    assert busy.minor_faults - idle.minor_faults >= 0.9 * (64 << 20) // 4096
