@@ -238,7 +238,13 @@ async def read_rows(
     rel = table.relation
     if not rel.columns:
         return
-    select = ", ".join(f"{quote_ident(c.name)}::text" for c in rel.columns)
+    # each value in its type's output form, as pgoutput sends it (a cast to text is not: see
+    # chunk_query); format('%s', NULL) is '', hence the CASE (num_nulls: IS NULL looks inside
+    # a composite value)
+    select = ", ".join(
+        f"CASE WHEN num_nulls({q}) = 0 THEN format('%s', {q}) END"
+        for q in (quote_ident(c.name) for c in rel.columns)
+    )
     sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
     if table.row_filter:
         sql += f" WHERE {table.row_filter}"
@@ -275,12 +281,18 @@ async def table_chunks(conn: Any, table: SnapshotTable, rows_per_chunk: int) -> 
 
 
 def chunk_query(chunk: TableChunk) -> str | None:
-    """The ``SELECT`` of ``chunk``'s published columns as text; None without columns."""
+    """The ``SELECT`` of ``chunk``'s published columns, for COPY; None without columns.
+
+    The columns are selected as they are: COPY writes each through its type's output function,
+    the text pgoutput sends. A cast to ``text`` is another thing for some types (``bool::text``
+    is ``true`` where the output is ``t``, ``inet::text`` adds the netmask, ``char(n)::text``
+    drops the padding); tests/integration/test_types_server.py compares the two on every
+    type."""
     table = chunk.table
     rel = table.relation
     if not rel.columns:
         return None
-    select = ", ".join(f"{quote_ident(c.name)}::text" for c in rel.columns)
+    select = ", ".join(quote_ident(c.name) for c in rel.columns)
     sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
     where = []
     if chunk.first is not None:
@@ -348,11 +360,9 @@ def chunk_sql(
     """Keyset pagination: the rows after the key ``after``, up to the key ``upto`` or else the
     next ``limit``, in key order (as literals: COPY takes no parameters)."""
     rel = table.relation
-    # aliased: ORDER BY a name of the select list would sort by its text
+    # the columns as they are (see chunk_query), aliased: ORDER BY names the table's columns
     if select is None:
-        select = ", ".join(
-            f"{quote_ident(c.name)}::text AS c{i}" for i, c in enumerate(rel.columns)
-        )
+        select = ", ".join(f"{quote_ident(c.name)} AS c{i}" for i, c in enumerate(rel.columns))
     cols = ", ".join(quote_ident(k) for k, _ in keys)
     sql = f"SELECT {select} FROM {quote_ident(rel.namespace)}.{quote_ident(rel.name)}"
     where = []

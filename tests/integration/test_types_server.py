@@ -488,3 +488,100 @@ def test_text_and_binary_values_match_server_rendering(pg_db: Any) -> None:
                     f"row {r + 1} {name} native: text {nt[name]!r} != binary {nb[name]!r}"
                 )
     assert not problems, "\n".join(problems)
+
+
+def test_snapshot_reads_give_the_streamed_values(pg_db: Any) -> None:
+    """The snapshots' COPY reads (the initial snapshot's block ranges, the incremental
+    snapshot's key-ordered chunks) render every column as pgoutput's text mode does: the same
+    row read by a snapshot and by the stream converts to the same JSON. A cast to ``text`` in
+    the reads would not: ``bool::text`` is ``true`` where the stream sends ``t``, ``inet::text``
+    adds the netmask, ``char(n)::text`` drops the padding."""
+    import asyncio
+
+    import asyncpg
+
+    from cdcd.decoder.copy_text import copy_rows
+    from cdcd.source.copy import copy_batches
+    from cdcd.source.snapshot import (
+        SnapshotTable,
+        TableChunk,
+        chunk_query,
+        chunk_sql,
+        read_rows,
+    )
+
+    every = COLUMNS + _optional_columns(pg_db) + sorted(BINARY_FALLBACK)
+    pg_db.execute(SETUP)
+    col_sql = ", ".join(f"{name} {typ}" for name, typ, *_ in every)
+    pg_db.execute(
+        f"CREATE TABLE alltypes (id int PRIMARY KEY, {col_sql}, x_char char(6), x_inet inet)"
+    )
+    pg_db.execute("CREATE PUBLICATION types_pub FOR TABLE alltypes")
+    pg_db.execute("SELECT pg_create_logical_replication_slot('types_slot', 'pgoutput')")
+    names = [c[0] for c in every]
+    with pg_db.connect() as conn, conn.cursor() as cur:
+        for row, idx in ((1, 2), (2, 3)):
+            vals = ", ".join(c[idx] for c in every)
+            cur.execute(
+                f"INSERT INTO alltypes (id, {', '.join(names)}, x_char, x_inet) "
+                f"VALUES ({row}, {vals}, 'ab', '10.1.2.3')"
+            )
+        cur.execute("INSERT INTO alltypes (id) VALUES (3)")
+        streamed = _peek(conn, binary=False)
+    registry = TypeRegistry()
+    _register_catalog(pg_db, registry)
+    rel, inserts = _decode_inserts(streamed, registry)
+    decoder = RowDecoder(rel, registry, "json")
+    want = [decoder.decode(insert.new) for insert in inserts]
+    table = SnapshotTable(rel, None)
+
+    async def read(sql: str) -> list[Any]:
+        conn = await asyncpg.connect(pg_db.dsn, server_settings=dict(GUC_SETTINGS))
+        try:
+            texts: list[bytes] = []
+
+            async def take(batch: Any, size: int) -> None:
+                texts.append(batch.text)
+
+            await copy_batches(conn, sql, len(rel.columns), take)
+        finally:
+            await conn.close()
+        return copy_rows(b"\n".join(texts).split(b"\n"), len(rel.columns))
+
+    problems = []
+    for how, sql in (
+        ("initial snapshot", chunk_query(TableChunk(table, None, None))),
+        ("incremental snapshot", chunk_sql(table, [("id", "integer")], None, 10)),
+    ):
+        assert sql is not None
+        rows = asyncio.run(read(sql))
+        got = sorted((decoder.decode(row) for row in rows), key=lambda r: r["id"])
+        assert len(got) == 3
+        problems += [
+            f"{how}, row {r + 1}, {name}: {got[r][name]!r} != streamed {want[r][name]!r}"
+            for r in range(3)
+            for name in want[r]
+            if not _same(got[r][name], want[r][name])
+        ]
+
+    async def select() -> list[Any]:  # read_rows: SELECT, for bench/snapshot_read_micro.py
+        conn = await asyncpg.connect(pg_db.dsn, server_settings=dict(GUC_SETTINGS))
+        try:
+            async with conn.transaction():
+                return [row async for batch in read_rows(conn, table) for row in batch]
+        finally:
+            await conn.close()
+
+    got = sorted((decoder.decode(row) for row in asyncio.run(select())), key=lambda r: r["id"])
+    problems += [
+        f"read_rows, row {r + 1}, {name}: {got[r][name]!r} != streamed {want[r][name]!r}"
+        for r in range(3)
+        for name in want[r]
+        if not _same(got[r][name], want[r][name])
+    ]
+    assert not problems, "\n".join(problems)
+
+
+GUC_SETTINGS = tuple(
+    (g.split(" ", 1)[1].split("=")[0], g.split("=", 1)[1].strip("'")) for g in GUCS
+)

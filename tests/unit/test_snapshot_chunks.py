@@ -38,10 +38,10 @@ def test_chunk_query_ranges() -> None:
     rel = Relation(None, 1, "public", "T", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
     table = SnapshotTable(rel, "id > 5")
     assert chunk_query(TableChunk(table, None, None)) == (
-        'SELECT "id"::text, "v"::text FROM "public"."T" WHERE (id > 5)'
+        'SELECT "id", "v" FROM "public"."T" WHERE (id > 5)'
     )
     assert chunk_query(TableChunk(table, 10, 20)) == (
-        'SELECT "id"::text, "v"::text FROM "public"."T" WHERE ctid >= \'(10,0)\'::tid '
+        'SELECT "id", "v" FROM "public"."T" WHERE ctid >= \'(10,0)\'::tid '
         "AND ctid < '(20,0)'::tid AND (id > 5)"
     )
     assert "ctid >=" not in (chunk_query(TableChunk(table, None, 20)) or "")
