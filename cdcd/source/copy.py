@@ -89,7 +89,7 @@ async def copy_batches(
     rows = 0  # newlines in ``chunks``
     count = 0
 
-    async def hand(final: bool) -> None:
+    async def hand() -> None:
         nonlocal chunks, rows, count
         batch, rest = cut_rows(chunks)
         chunks, taken, rows = [rest] if rest else [], rows, 0
@@ -101,13 +101,13 @@ async def copy_batches(
         chunks.append(data)
         rows += count_newlines(data)
         if rows >= batch_size:
-            await hand(False)
+            await hand()
 
     await conn.copy_from_query(sql, output=take)
     if chunks and not chunks[-1].endswith(b"\n"):
         raise ValueError(f"COPY output ends inside a row: {sql[:200]}")
     if rows:
-        await hand(True)
+        await hand()  # the output ends with a newline: all of it
     return count
 
 
