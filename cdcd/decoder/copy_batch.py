@@ -1,6 +1,7 @@
 """A batch of rows read with COPY, kept as COPY's text until something asks for the rows.
 
-The initial snapshot hands its rows to the sinks in these (:func:`cdcd.source.copy.copy_batches`). A sink that takes events gets them made from :meth:`CopyBatch.rows`
+The initial snapshot hands its rows to the sinks in these (:func:`cdcd.source.copy.copy_batches`).
+A sink that takes events gets them made from :meth:`CopyBatch.rows`
 (:func:`cdcd.decoder.copy_text.copy_rows`, parsed once); the JSON Lines writer writes the
 records straight from the text (``cdcd._rowjson.copy_snapshot_lines``, the same bytes), and a
 sink that only counts (null) parses nothing. A line with another number of fields than the
