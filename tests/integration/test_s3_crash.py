@@ -52,7 +52,10 @@ def test_sigkill_loop_on_s3_loses_and_doubles_nothing(
     cfg = make_config(tmp_path, pg_db.dsn)
     prefix = s3.new_prefix()
     data = yaml.safe_load(cfg.read_text())
-    data["sinks"][0] |= {"path": f"s3://{prefix}", "storage": s3.storage()}
+    data["sinks"][0] |= {
+        "path": f"s3://{prefix}",
+        "storage": s3.storage(staging_dir=str(tmp_path / "staging")),
+    }
     cfg.write_text(yaml.safe_dump(data))
     rng = random.Random(SEED + 10)
     workload = Workload(pg_db.cluster, pg_db.name, SEED + 10)

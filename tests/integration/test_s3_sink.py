@@ -77,6 +77,9 @@ def setup_source(db: PgDatabase, tmp_path: Path, sinks: list[dict[str, Any]]) ->
         "CREATE TABLE orders (id int PRIMARY KEY, item text, qty int);"
         "CREATE PUBLICATION cdcd_e2e_pub FOR ALL TABLES"
     )
+    for i, sink in enumerate(sinks):  # staged files in the test's folder, not /tmp
+        if "storage" in sink:
+            sink["storage"].setdefault("staging_dir", str(tmp_path / f"staging{i}"))
     cfg = write_config(tmp_path, db.dsn, sinks=sinks)
     data = yaml.safe_load(cfg.read_text())
     data["shutdown"] = {"grace_period": 20}
@@ -247,7 +250,9 @@ def test_a_failed_part_leaves_no_object(s3: S3Store, tmp_path: Path) -> None:
     local = tmp_path / "big.jsonl"
     local.write_bytes(os.urandom(25 << 20))  # three parts
     with FailingProxy(s3.endpoint) as proxy:
-        storage = StorageConfig.model_validate(s3.storage(proxy.endpoint))
+        storage = StorageConfig.model_validate(
+            s3.storage(proxy.endpoint, staging_dir=str(tmp_path / "staging"))
+        )
         store = ObjectStorePublisher(f"s3://{prefix}", storage).store
         proxy.fail(1, 400, "InvalidArgument", methods=("PUT",), after=1)
         with pytest.raises(DefiniteSinkError, match=r"cannot upload s3://.*key 'out/t/big.jsonl'"):
