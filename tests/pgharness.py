@@ -42,7 +42,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -968,9 +968,18 @@ class PgPair:
             time.sleep(0.05)
         raise PgHarnessError(f"the standby did not replay up to {target} within {timeout} s")
 
-    def wait_slot_synced(self, slot: str, dbname: str, timeout: float = 60) -> None:
+    def wait_slot_synced(
+        self,
+        slot: str,
+        dbname: str,
+        timeout: float = 60,
+        poke: Callable[[], None] | None = None,
+    ) -> None:
         """Wait until the standby has ``slot`` as a synchronised, usable slot whose confirmed
-        position has reached the primary's."""
+        position has reached the primary's. ``poke`` runs between polls: the slot sync worker
+        persists a slot only once decoding from its restart position finds a consistent point
+        before its confirmed position, so a slot nobody moves may never get there; a caller
+        whose consumer is streaming passes a poke that writes and logs a standby snapshot."""
         assert self.standby is not None
         lit = quote_literal(slot)
         deadline = time.monotonic() + timeout
@@ -985,6 +994,8 @@ class PgPair:
             )
             if want and row and all(row[0]):
                 return
+            if poke is not None:
+                poke()
             time.sleep(0.2)
         raise PgHarnessError(f"slot {slot!r} was not synchronised to the standby in {timeout} s")
 

@@ -384,10 +384,14 @@ def test_check_and_slot_status_report_failover(tmp_path: Path, pair: PgPair) -> 
     try:
         wait_for("cdcd streaming", lambda: '"streaming"' in log_text(log))
         assert "replication slot made a failover slot" in log_text(log)
-        for i in range(10):  # the slot moves on: now it can be synchronised
-            pair.primary.execute(f"INSERT INTO acct VALUES ({1000 + i}, 1, 'x')", DB)
+        rows = iter(range(1000, 2000))
+
+        def poke() -> None:  # the slot moves on while cdcd confirms: now it can be synchronised
+            pair.primary.execute(f"INSERT INTO acct VALUES ({next(rows)}, 1, 'x')", DB)
             pair.primary.execute("SELECT pg_log_standby_snapshot()")
-            time.sleep(0.3)
+            time.sleep(0.1)
+
+        pair.wait_slot_synced(SLOT, DB, poke=poke)
         assert stop(proc) == 0
     finally:
         if proc.poll() is None:
