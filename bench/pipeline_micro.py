@@ -4,6 +4,7 @@ Usage::
 
     python bench/pipeline_micro.py capture FILE [--rows N] [--workload W1]
     python bench/pipeline_micro.py run FILE [--sink null|encode] [--profile OUT]
+    python bench/pipeline_micro.py writer FILE --sink-config '{"type": "file", ...}'
 
 ``capture`` starts a PostgreSQL (tests/pgharness.py), runs a bench/run.py workload once and
 stores the pgoutput messages (``pg_logical_slot_get_binary_changes``, proto_version 1) as the
@@ -179,6 +180,76 @@ def run(
     )
 
 
+def writer_run(path: Path, sink_config: dict[str, object], memory_limit: int) -> None:
+    """See the module docstring: receive everything, then time Writer + sink alone."""
+    import asyncio
+    import gc
+
+    import uvloop
+
+    gc.set_threshold(50_000, 20, 100)
+    from cdcd.assembler.assembler import Assembler
+    from cdcd.config.models import validate_sink
+    from cdcd.decoder.pgoutput import PgOutputDecoder
+    from cdcd.events.catalog import StaticCatalog
+    from cdcd.events.encoder import Encoder
+    from cdcd.pipeline.progress import ProgressTracker
+    from cdcd.pipeline.writer import Writer
+    from cdcd.sinks.base import SinkContext
+    from cdcd.sinks.registry import load_sink_class
+    from cdcd.stats import Stats
+    from cdcd.wire.session import Session, State
+
+    stream = path.read_bytes()
+    session = Session(user="u", database="d")
+    session._state = State.COPY_BOTH
+    decoder = PgOutputDecoder(1)
+    spill = Path(tempfile.mkdtemp(prefix="cdcd-micro-spill-"))
+    assembler = Assembler(memory_limit=1 << 40, spill_dir=spill)
+    txns = []
+    for start in range(0, len(stream), 65536):
+        session.receive_data(stream[start : start + 65536])
+        items, _ = session.xlog_run()
+        for lsn, _, _, data in items:
+            txn = assembler.feed(decoder.decode(data, lsn), lsn, data)
+            if txn is not None:
+                txns.append(txn)
+    rows = sum(txn.size for txn in txns)
+    config = validate_sink(sink_config, ("sink",))
+    assert not isinstance(config, list), config
+    context = SinkContext("bench", "bench", Path())
+
+    async def main() -> float:
+        sink = load_sink_class(str(sink_config["type"]))(config, context)
+        tracker = ProgressTracker(1)
+        writer = Writer(
+            [sink],
+            Encoder(context, StaticCatalog()),
+            tracker,
+            Stats(),
+            memory_limit=memory_limit,
+            max_transactions=1000,
+        )
+        await sink.start()
+        t0 = time.process_time()
+        task = asyncio.create_task(writer.run())
+        for txn in txns:
+            await writer.put(txn)
+        writer.close()
+        await task
+        await writer.flush_all()
+        cpu = time.process_time() - t0
+        await sink.close()
+        return cpu
+
+    cpu = uvloop.run(main())
+    shutil.rmtree(spill, ignore_errors=True)
+    print(
+        f"{len(txns)} transactions, {rows} rows: writer+sink cpu {cpu:.2f}s, "
+        f"{cpu / rows * 1e6:.2f} us/row, {cpu / len(txns) * 1e6:.1f} us/transaction"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -209,9 +280,17 @@ def main() -> None:
         help="comma list of fast paths replaced by their general twin: framing,undecoded,"
         "plain_insert,body",
     )
+    w = sub.add_parser("writer")
+    w.add_argument("file", type=Path)
+    w.add_argument("--sink-config", required=True, help="a sink section as JSON")
+    w.add_argument("--memory-limit", type=int, default=256 << 20)
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.file, args.rows, args.workload)
+    elif args.command == "writer":
+        import json
+
+        writer_run(args.file, json.loads(args.sink_config), args.memory_limit)
     else:
         general = frozenset(g for g in args.general.split(",") if g)
         run(args.file, args.sink, args.memory_limit, not args.no_raw, general, not args.whole)

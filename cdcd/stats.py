@@ -32,6 +32,11 @@ class Histogram:
         self.sum += value
         self.counts[bisect_left(self.buckets, value)] += 1
 
+    def observe_many(self, value: float, count: int) -> None:
+        """``count`` observations of ``value`` (a run's mean, once per item of the run)."""
+        self.sum += value * count
+        self.counts[bisect_left(self.buckets, value)] += count
+
     def cumulative(self) -> list[tuple[str, int]]:
         """``[(le, count), ...]`` ending with ``+Inf``."""
         out: list[tuple[str, int]] = []

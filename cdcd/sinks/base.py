@@ -22,8 +22,10 @@
   against ``buffer.memory_limit`` and holds reading back meanwhile. ``memory_budget`` (set by
   the writer before the first transaction: a share of the limit) is what the sink should keep
   its own buffers within, even inside one huge transaction.
-* Optional fast path: ``wants_events = False`` and ``write_changes`` take decoded changes instead
-  of events (the null sink, which measures decoding alone).
+* Optional fast paths: ``wants_events = False`` and ``write_changes`` take decoded changes
+  instead of events (the null sink, which measures decoding alone); ``write_transactions``
+  takes a run of small, whole transactions in one call (the pipeline calls it only where a sink
+  overrides it; otherwise it calls ``begin``, ``write`` and ``commit`` for each).
 
 Sinks are chosen by ``type`` in the config: built-in and third-party classes register under the
 ``cdcd.sinks`` entry-point group (:mod:`cdcd.sinks.registry`). A sink class has a pydantic model
@@ -47,7 +49,18 @@ from cdcd.lsn import Progress
 if TYPE_CHECKING:
     from cdcd.events import ChangeEvent
 
-__all__ = ["ChangeRecord", "Sink", "SinkContext", "Transaction"]
+__all__ = ["ChangeRecord", "Sink", "SinkContext", "Transaction", "run_events"]
+
+
+def run_events(
+    run: Sequence[tuple[Transaction, Sequence[Sequence[ChangeEvent]]]],
+) -> list[ChangeEvent]:
+    """The events of a run of transactions (``Sink.write_transactions``), in order, in one list."""
+    events: list[ChangeEvent] = []
+    for _, batches in run:
+        for batch in batches:
+            events += batch
+    return events
 
 
 class Sink(abc.ABC):
@@ -92,6 +105,24 @@ class Sink(abc.ABC):
     @abc.abstractmethod
     async def commit(self, txn: Transaction) -> None:
         """The current transaction has been handed over completely."""
+
+    async def write_transactions(
+        self, run: Sequence[tuple[Transaction, Sequence[Sequence[Any]]]]
+    ) -> None:
+        """Whole transactions in commit order, each with its batches (of events, or of decoded
+        changes when not ``wants_events``): what ``begin``, ``write`` (``write_changes``) for
+        each batch and ``commit`` do for each of them, which is what this default does. The
+        pipeline hands runs of small transactions to a sink that overrides it, so that the
+        per-call work is done once per run (docs/sinks.md, "Runs of small transactions").
+        An override may make the run durable in one piece (``durable_lsn`` moving from before
+        the run to its last end LSN), and like any method, may raise ``TransientSinkError``
+        only when it took nothing of the call."""
+        write = self.write if self.wants_events else self.write_changes
+        for txn, batches in run:
+            await self.begin(txn)
+            for batch in batches:
+                await write(batch)
+            await self.commit(txn)
 
     @abc.abstractmethod
     async def flush(self) -> None:

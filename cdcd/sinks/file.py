@@ -79,7 +79,7 @@ from cdcd.errors import DefiniteSinkError, SinkError
 from cdcd.events import ChangeEvent
 from cdcd.events.snapshot_run import SnapshotRun
 from cdcd.lsn import pg_to_unix_us
-from cdcd.sinks.base import Sink, SinkContext
+from cdcd.sinks.base import Sink, SinkContext, run_events
 from cdcd.sinks.file_formats import writer_class
 from cdcd.sinks.file_layout import (
     MESSAGES_FOLDER,
@@ -396,6 +396,25 @@ class FileSink(Sink):
             self._write(events)
         if self.sealed:  # a file rolled over: publish it now (after any flush in progress)
             await self._publish_sealed()
+
+    async def write_transactions(
+        self, run: Sequence[tuple[Transaction, Sequence[Sequence[ChangeEvent]]]]
+    ) -> None:
+        """A run of small transactions (docs/sinks.md): their events in one write, one commit.
+        Call by call when it writes transaction markers, or when a batch is a snapshot's run
+        (its JSON Lines records are written as they are)."""
+        if self.config.transactions or any(
+            isinstance(batch, SnapshotRun) for _, batches in run for batch in batches
+        ):
+            await super().write_transactions(run)
+            return
+        self._check()
+        if not self._started:
+            await self.start()
+        events = run_events(run)
+        if events:
+            await self.write(events)
+        await self.commit(run[-1][0])
 
     async def commit(self, txn: Transaction) -> None:
         self._check()

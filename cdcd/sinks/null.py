@@ -53,6 +53,18 @@ class NullSink(Sink):
         self.transactions += 1
         self._mark_durable(txn.end_lsn)
 
+    async def write_transactions(
+        self, run: Sequence[tuple[Transaction, Sequence[Sequence[Any]]]]
+    ) -> None:
+        for _, batches in run:
+            for batch in batches:
+                if self.config.encode:
+                    await self.write(batch)
+                else:
+                    self.events += len(batch)
+        self.transactions += len(run)
+        self._mark_durable(run[-1][0].end_lsn)
+
     async def flush(self) -> None:
         pass
 

@@ -259,13 +259,16 @@ async def test_no_tombstones_and_routing(kafka_broker: KafkaBroker) -> None:
     assert [orjson.loads(r.value or b"")["op"] for r in records] == ["c", "d"]
 
 
-async def test_per_key_order_across_partitions(kafka_broker: KafkaBroker) -> None:
+@pytest.mark.parametrize("runs", [False, True], ids=["one-by-one", "runs"])
+async def test_per_key_order_across_partitions(kafka_broker: KafkaBroker, runs: bool) -> None:
+    """``runs``: the transactions go in runs of 7 (``write_transactions``, docs/sinks.md)."""
     name = unique_name()
     sink = make_sink(kafka_broker, name, partitions=3, linger_ms=1, max_batch_size=4096)
     await sink.start()
     build = TxnBuilder()
     keys = 12
     written: dict[int, list[tuple[int, int]]] = {k: [] for k in range(keys)}
+    run: list[tuple[Transaction, list[list[Event]]]] = []
     try:
         counter = itertools.count()
         for _ in range(60):
@@ -273,7 +276,15 @@ async def test_per_key_order_across_partitions(kafka_broker: KafkaBroker) -> Non
             txn, events = build.next(changes)
             for e in events:
                 written[e.keyval["id"]].append(e.position)  # type: ignore[index]
-            await run_txn(sink, txn, events)
+            if not runs:
+                await run_txn(sink, txn, events)
+                continue
+            run.append((txn, [events]))
+            if len(run) == 7:
+                await sink.write_transactions(run)
+                run = []
+        if run:
+            await sink.write_transactions(run)
         await sink.flush()
         assert sink.durable_lsn() == txn.end_lsn
     finally:
