@@ -73,8 +73,12 @@ if TYPE_CHECKING:
     from cdcd.sinks.file import FileSinkConfig
 
 ROW_GROUP_ROWS = 65_536
-#: events kept before a column-wise conversion (bounds the Python objects a writer holds)
-CONVERT_ROWS = 16_384
+#: events kept before a column-wise conversion (bounds the Python objects a writer holds).
+#: Kept well under the cyclic GC's young-generation threshold (50,000 allocations,
+#: cdcd.runtime.tune_gc) in objects: at 16,384 events (3-4 tracked objects each) the events
+#: held survived every young collection, which then re-traversed them, 17 % of W1's CPU
+#: (63 collections, 3.2 s); at 4,096 there were 8 (0.08 s).
+CONVERT_ROWS = 4096
 _ROW_BYTES_GUESS = 256
 #: with a memory budget: events converted first, to learn the bytes per row
 FIRST_CONVERT_ROWS = 1024
