@@ -401,20 +401,34 @@ class FileSink(Sink):
         self, run: Sequence[tuple[Transaction, Sequence[Sequence[ChangeEvent]]]]
     ) -> None:
         """A run of small transactions (docs/sinks.md): their events in one write, one commit.
-        Call by call when it writes transaction markers, or when a batch is a snapshot's run
-        (its JSON Lines records are written as they are)."""
-        if self.config.transactions or any(
-            isinstance(batch, SnapshotRun) for _, batches in run for batch in batches
+        Call by call when it writes transaction markers, when a batch is a snapshot's run (its
+        JSON Lines records are written as they are), or when a file may reach
+        ``rollover_rows`` within the run (it ends after the transaction that reaches it, as
+        without runs)."""
+        events = run_events(run)
+        if (
+            self.config.transactions
+            or any(isinstance(batch, SnapshotRun) for _, batches in run for batch in batches)
+            or self._rows_may_roll(len(events))
         ):
             await super().write_transactions(run)
             return
         self._check()
         if not self._started:
             await self.start()
-        events = run_events(run)
         if events:
             await self.write(events)
         await self.commit(run[-1][0])
+
+    def _rows_may_roll(self, count: int) -> bool:
+        """Whether ``count`` more events may bring a file to ``rollover_rows``."""
+        limit = self.config.rollover_rows
+        if limit is None:
+            return False
+        return count >= limit or any(
+            folder.writer is not None and folder.writer.rows + count >= limit
+            for folder in self.open_folders.values()
+        )
 
     async def commit(self, txn: Transaction) -> None:
         self._check()

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cdcd.assembler.transaction import Transaction
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import _WHOLE_CHANGES, Writer
@@ -156,13 +158,26 @@ def files(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
 
-async def test_file_sink_run_writes_what_calls_one_by_one_write(tmp_path: Path) -> None:
-    txns = workload(1, 12, 1000)  # two tables, messages, updates and deletes
-    one_by_one = make_sink(tmp_path / "a")
+@pytest.mark.parametrize(
+    ("options", "one_table"),
+    [({}, False), ({"rollover_rows": 7}, False), ({"rollover_rows": 7}, True)],
+    ids=["one-file", "rollover-rows", "rollover-rows-one-table"],
+)
+async def test_file_sink_run_writes_what_calls_one_by_one_write(
+    tmp_path: Path, options: dict[str, Any], one_table: bool
+) -> None:
+    """With ``rollover_rows`` too: files end after the transaction that reaches it (with one
+    table, a run's events are one stretch of that table's folder)."""
+    # two tables, messages, updates and deletes; or 3 inserts into one table each
+    txns = small(1, 12) if one_table else workload(1, 12, 1000)
+    one_by_one = make_sink(tmp_path / "a", **options)
     await one_by_one.start()
     await feed(one_by_one, encoder(), txns)
     await one_by_one.flush()
-    runs = make_sink(tmp_path / "b")
+    if options:
+        folder = tmp_path / "a" / ("public.orders" if one_table else "public.items")
+        assert len(list(folder.glob("*.jsonl"))) > 3
+    runs = make_sink(tmp_path / "b", **options)
     await write_runs(runs, txns, 5)
     await runs.flush()
     assert runs.durable_lsn() == one_by_one.durable_lsn() == txns[-1].end_lsn
