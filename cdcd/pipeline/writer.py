@@ -472,10 +472,8 @@ class Writer:
             if window.advance(i):
                 self._progress.set()
             if kind in (_COMMIT, _WHOLE):
-                if handed == 1:
-                    stats.write_seconds.observe(spent)
-                else:  # per transaction of the run: its mean
-                    stats.write_seconds.observe_many(spent / handed, handed)
+                # per transaction (of a run: its mean)
+                stats.write_seconds.observe_many(spent / handed, handed)
                 spent = 0.0
                 self._tracker.handed(i, payload.end_lsn)
                 stats.handed_lsn = max(stats.handed_lsn, payload.end_lsn)

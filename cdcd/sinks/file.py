@@ -405,17 +405,17 @@ class FileSink(Sink):
         JSON Lines records are written as they are), or when a file may reach
         ``rollover_rows`` within the run (it ends after the transaction that reaches it, as
         without runs)."""
-        events = run_events(run)
         if (
             self.config.transactions
             or any(isinstance(batch, SnapshotRun) for _, batches in run for batch in batches)
-            or self._rows_may_roll(len(events))
+            or self._rows_may_roll(sum(len(batch) for _, batches in run for batch in batches))
         ):
             await super().write_transactions(run)
             return
         self._check()
         if not self._started:
             await self.start()
+        events = run_events(run)
         if events:
             await self.write(events)
         await self.commit(run[-1][0])
