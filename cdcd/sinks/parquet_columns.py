@@ -49,6 +49,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdcd import __version__
 from cdcd.decoder.events import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
 from cdcd.values.types import UNCHANGED_TOAST, TypeRegistry
 
@@ -271,10 +272,51 @@ def _distinct(*columns: list[Any]) -> tuple[list[tuple[Any, ...]], pa.Array | No
 
 
 def _spread(values: list[Any], index: pa.Array | None, n: int, t: pa.DataType) -> pa.Array:
-    """``values[index[i]]`` for each row (``values[0]`` everywhere when index is None)."""
-    if index is None:
+    """``values[index[i]]`` for each row; ``values[0]`` everywhere when index is None or all
+    values are equal (a list of one value stands for a value shared by every row)."""
+    if index is None or values.count(values[0]) == len(values):
         return pa.repeat(pa.scalar(values[0], t), n)
     return pa.array(values, t).take(index)
+
+
+#: the ``source`` fields set per event, not shared by a transaction's events on a table
+_PER_EVENT = frozenset({"lsn", "sequence", "xmin", "seq"})
+_CONTEXT = operator.attrgetter("context")
+
+
+def _shared_fields(keys: list[tuple[Any, Any, str]]) -> dict[str, list[Any]]:
+    """For distinct (transaction, table, snapshot) keys: each shared ``source`` field's values,
+    one per key, or a list of one value when every key has it. Built a field at a time from
+    the ``TxnInfo`` and ``RelInfo`` attributes, so that a batch of a thousand small
+    transactions builds no dict per transaction. What ``TxnInfo.source_base`` gives stays
+    the reference: when the first key's dict has another field or another value, every key's
+    dict is used instead."""
+    txns = [k[0] for k in keys]
+    rels = [k[1] for k in keys]
+    contexts = list(map(_CONTEXT, txns))
+    context_keys = contexts if contexts.count(contexts[0]) != len(contexts) else contexts[:1]
+    rel_keys = rels if rels.count(rels[0]) != len(rels) else rels[:1]
+    fields: dict[str, list[Any]] = {
+        "version": [__version__],
+        "connector": ["postgresql"],
+        "name": [c.name for c in context_keys],
+        "db": [c.database for c in context_keys],
+        "schema": [None if r is None else r.schema for r in rel_keys],
+        "table": [None if r is None else r.table for r in rel_keys],
+        "ts_ms": [t.ts_ms for t in txns],
+        "ts_us": [t.ts_us for t in txns],
+        "snapshot": [k[2] for k in keys],
+        "txId": [t.xid for t in txns],
+        "commit_lsn": [t.commit_lsn for t in txns],
+        "origin": [t.origin for t in txns],
+    }
+    reference = txns[0].source_base(rels[0], keys[0][2])
+    if set(reference) - _PER_EVENT <= fields.keys() and all(
+        reference.get(name) == values[0] for name, values in fields.items()
+    ):
+        return fields
+    bases = [txn.source_base(rel, snapshot) for txn, rel, snapshot in keys]
+    return {name: [b.get(name) for b in bases] for name in reference if name not in _PER_EVENT}
 
 
 class ColumnBuilder:
@@ -336,17 +378,15 @@ class ColumnBuilder:
 
         seq_arr = pa.array(seqs, pa.int64())
         lsn_arr = pa.array(lsns, pa.int64())
-        source = self._source(
+        source, txid = self._source(
             txns, rels, snapshots, extras, prevs, ops, lsn_arr, seq_arr, unchanged
         )
         if self.layout.key_names:
             source = self._with_links(source, events, ops, extras)
-        ids, id_index = _distinct([t.txid for t in txns])
-        txid = _spread([i for (i,) in ids], id_index, n, pa.string())
         transaction = pa.StructArray.from_arrays(
             [txid, pc.add(seq_arr, 1), pa.array(dcos, pa.int64())],
             fields=list(self.transaction_type),
-            mask=pc.is_null(txid) if (None,) in ids else None,
+            mask=pc.is_null(txid) if txid.null_count else None,
         )
         columns: list[pa.Array] = [
             pa.array(ops, pa.string()),
@@ -443,12 +483,13 @@ class ColumnBuilder:
         lsn: pa.Array,
         seq: pa.Array,
         unchanged: list[list[str] | None],
-    ) -> pa.Array:
-        """The ``source`` struct: the fields a transaction's events on a table share, taken
-        from the encoder's cached base dict once per distinct (transaction, table, snapshot)."""
+    ) -> tuple[pa.Array, pa.Array]:
+        """The ``source`` struct and the ``transaction.id`` column. The fields that a
+        transaction's events on a table share are built once per distinct (transaction, table,
+        snapshot): see :func:`_shared_fields`."""
         n = len(ops)
         keys, index = _distinct(txns, rels, snapshots)
-        bases = [txn.source_base(rel, snapshot) for txn, rel, snapshot in keys]
+        shared = _shared_fields(keys)
         prev = pa.array(prevs, pa.int64())
         lsn_text = lsn.cast(pa.string())
         sequence = pc.coalesce(
@@ -483,8 +524,10 @@ class ColumnBuilder:
                     pa.nulls(n, field.type) if flags is None else pa.array(flags, field.type)
                 )
             else:
-                children.append(_spread([b.get(name) for b in bases], index, n, field.type))
-        return pa.StructArray.from_arrays(children, fields=list(self.source_type))
+                children.append(_spread(shared.get(name, [None]), index, n, field.type))
+        source = pa.StructArray.from_arrays(children, fields=list(self.source_type))
+        txid = _spread([txn.txid for txn, _, _ in keys], index, n, pa.string())
+        return source, txid
 
     def _with_links(
         self,

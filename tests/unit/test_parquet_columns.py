@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cdcd import __version__
 from cdcd.decoder.events import (
     KIND_BINARY,
     KIND_NULL,
@@ -132,7 +133,8 @@ def random_events(seed: int, count: int, *, nulls: float = 0.1, toast: float = 0
     events: list[ChangeEvent] = []
     lsn = 1_000_000
     while len(events) < count:
-        b = TxnBuilder(rng.randrange(1, 10**6), lsn)
+        origin = rng.choice([None, "up", "east"]) if seed % 3 == 0 else None
+        b = TxnBuilder(rng.randrange(1, 10**6), lsn, origin=origin)
         for _ in range(rng.randrange(1, 8)):
             rel = REL if rng.random() < 0.8 else FULL
             row_id = rng.randrange(100)
@@ -315,3 +317,34 @@ async def test_writer_across_conversion_and_row_group_boundaries(
     assert pq.ParquetFile(path).metadata.num_row_groups > 1
     expected = RowLayout.for_event(events[0]).batch(events)
     assert repr(table.to_pylist()) == repr(expected.to_pylist())
+
+
+def test_shared_source_fields_follow_source_base_when_it_differs() -> None:
+    """The per-field shortcut gives way to ``source_base``'s dicts when the first key's dict
+    has a field or a value the shortcut does not know."""
+    from types import SimpleNamespace
+
+    from cdcd.sinks.parquet_columns import _shared_fields
+
+    class Txn(SimpleNamespace):
+        def source_base(self, rel: Any, snapshot: str) -> dict[str, Any]:
+            return {**self.base, "ts_ms": self.ts_ms, "lsn": None}
+
+    rel = SimpleNamespace(schema="s", table="t")
+    context = SimpleNamespace(name="n", database="d")
+    plain = {"version": __version__, "connector": "postgresql", "name": "n", "db": "d"}
+    plain |= {"schema": "s", "table": "t", "ts_us": 5, "snapshot": "false", "txId": 1}
+    plain |= {"commit_lsn": 9}
+    txns = [
+        Txn(base=plain, context=context, ts_ms=i, ts_us=5, xid=1, commit_lsn=9, origin=None)
+        for i in range(3)
+    ]
+    keys = [(t, rel, "false") for t in txns]
+    fields = _shared_fields(keys)
+    assert fields["ts_ms"] == [0, 1, 2] and fields["table"] == ["t"]
+    for txn in txns:
+        txn.base = {**plain, "shard": 7}  # a field the shortcut does not build
+    assert _shared_fields(keys)["shard"] == [7, 7, 7]
+    for txn in txns:
+        txn.base = {**plain, "db": "other"}  # a value it would build differently
+    assert _shared_fields(keys)["db"] == ["other"] * 3
