@@ -19,6 +19,10 @@ with zigzag varints (a null key or value has length -1). This is what aiokafka's
 reader); building them here costs one buffer per batch instead of aiokafka's per-record
 objects, and the sink keeps the buffer for a replay instead of every record.
 
+A record is written by ``cdcd._rowjson.kafka_record`` (hand-written C, README "Compiled fast
+paths"), or where that is not in use by :func:`write_record_python`, which writes the same
+bytes.
+
 Headers are handed over encoded (:func:`encode_headers`): the sink encodes those a
 transaction's records share once, and :meth:`RecordBatch.append` writes the per-record
 ``cdcd.seq`` header between them.
@@ -26,8 +30,10 @@ transaction's records share once, and :meth:`RecordBatch.append` writes the per-
 
 from __future__ import annotations
 
+import importlib
 import struct
-from typing import Final
+from collections.abc import Callable
+from typing import Final, cast
 
 from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from aiokafka.record.util import calc_crc32c
@@ -47,6 +53,19 @@ CODECS: Final = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 _SEQ_KEY: Final = b"\x10cdcd.seq"  # keyLength varint (8) and the key of the cdcd.seq header
 #: an upper bound of what a record adds beyond its key, value and headers (aiokafka's: 21)
 RECORD_OVERHEAD: Final = 32
+
+WriteRecord = Callable[..., int]
+
+
+def _load_c_record() -> WriteRecord | None:
+    """cdcd._rowjson.kafka_record (hand-written C), or None where it is not in use."""
+    try:
+        return cast(WriteRecord, importlib.import_module("cdcd._rowjson").kafka_record)
+    except (ImportError, AttributeError):
+        return None
+
+
+C_KAFKA_RECORD: Final = _load_c_record()
 
 
 def varint(value: int) -> bytes:
@@ -110,6 +129,10 @@ class RecordBatch:
         self.count = 0
         self.first_ts = 0
         self.max_ts = 0
+        #: cdcd._rowjson.kafka_record, or :func:`write_record_python` where it is not in use
+        self.write_record: WriteRecord = (
+            write_record_python if C_KAFKA_RECORD is None else C_KAFKA_RECORD
+        )
 
     def size(self) -> int:
         return self.pos
@@ -128,58 +151,26 @@ class RecordBatch:
         headers are ``head``, then ``cdcd.seq`` = ``seq`` unless ``seq`` is negative, then
         ``tail``; ``header_count`` counts them all."""
         count = self.count
+        end = self.write_record(
+            self.buffer,
+            self.pos,
+            self.max_size if count > 0 else -1,
+            ts - self.first_ts if count > 0 else 0,
+            count,
+            key,
+            value,
+            head,
+            seq,
+            tail,
+            header_count,
+        )
+        if end < 0:
+            return False
+        self.pos = end
         if count == 0:
             self.first_ts = self.max_ts = ts
         elif ts > self.max_ts:
             self.max_ts = ts
-        delta = ts - self.first_ts
-        key_len = -1 if key is None else len(key)
-        value_len = -1 if value is None else len(value)
-        digits = b"%d" % seq if seq >= 0 else b""
-        body = (
-            1
-            + _varint_size(delta)
-            + _varint_size(count)
-            + _varint_size(key_len)
-            + max(key_len, 0)
-            + _varint_size(value_len)
-            + max(value_len, 0)
-            + _varint_size(header_count)
-            + len(head)
-            + len(tail)
-        )
-        if seq >= 0:
-            body += len(_SEQ_KEY) + 1 + len(digits)
-        end = self.pos + _varint_size(body) + body
-        if count > 0 and end > self.max_size:
-            return False
-        buffer = self.buffer
-        if end > len(buffer):
-            grown = max(end, 2 * len(buffer))
-            buffer.extend(bytes(grown - len(buffer)))
-        pos = _put_varint(buffer, self.pos, body)
-        buffer[pos] = 0  # attributes
-        pos = _put_varint(buffer, pos + 1, delta)
-        pos = _put_varint(buffer, pos, count)
-        pos = _put_varint(buffer, pos, key_len)
-        if key is not None:
-            buffer[pos : pos + key_len] = key
-            pos += key_len
-        pos = _put_varint(buffer, pos, value_len)
-        if value is not None:
-            buffer[pos : pos + value_len] = value
-            pos += value_len
-        pos = _put_varint(buffer, pos, header_count)
-        buffer[pos : pos + len(head)] = head
-        pos += len(head)
-        if seq >= 0:
-            buffer[pos : pos + 9] = _SEQ_KEY
-            buffer[pos + 9] = 2 * len(digits)  # a varint below 64: one byte
-            pos += 10
-            buffer[pos : pos + len(digits)] = digits
-            pos += len(digits)
-        buffer[pos : pos + len(tail)] = tail
-        self.pos = pos + len(tail)
         self.count = count + 1
         return True
 
@@ -214,6 +205,70 @@ class RecordBatch:
         )
         _CRC.pack_into(out, 17, calc_crc32c(out[_ATTRIBUTES_OFFSET:]))
         return bytes(out)
+
+
+def write_record_python(
+    buffer: bytearray,
+    pos: int,
+    limit: int,
+    delta: int,
+    count: int,
+    key: bytes | None,
+    value: bytes | None,
+    head: bytes,
+    seq: int,
+    tail: bytes,
+    header_count: int,
+) -> int:
+    """Write one record into ``buffer`` at ``pos`` (growing it by doubling); the position after
+    it, or -1 when ``limit`` is not negative and the record would end past it (nothing written).
+    ``cdcd._rowjson.kafka_record`` is the same in C."""
+    key_len = -1 if key is None else len(key)
+    value_len = -1 if value is None else len(value)
+    digits = b"%d" % seq if seq >= 0 else b""
+    body = (
+        1
+        + _varint_size(delta)
+        + _varint_size(count)
+        + _varint_size(key_len)
+        + max(key_len, 0)
+        + _varint_size(value_len)
+        + max(value_len, 0)
+        + _varint_size(header_count)
+        + len(head)
+        + len(tail)
+    )
+    if seq >= 0:
+        body += len(_SEQ_KEY) + 1 + len(digits)
+    end = pos + _varint_size(body) + body
+    if limit >= 0 and end > limit:
+        return -1
+    if end > len(buffer):
+        grown = max(end, 2 * len(buffer))
+        buffer.extend(bytes(grown - len(buffer)))
+    pos = _put_varint(buffer, pos, body)
+    buffer[pos] = 0  # attributes
+    pos = _put_varint(buffer, pos + 1, delta)
+    pos = _put_varint(buffer, pos, count)
+    pos = _put_varint(buffer, pos, key_len)
+    if key is not None:
+        buffer[pos : pos + key_len] = key
+        pos += key_len
+    pos = _put_varint(buffer, pos, value_len)
+    if value is not None:
+        buffer[pos : pos + value_len] = value
+        pos += value_len
+    pos = _put_varint(buffer, pos, header_count)
+    buffer[pos : pos + len(head)] = head
+    pos += len(head)
+    if seq >= 0:
+        buffer[pos : pos + 9] = _SEQ_KEY
+        buffer[pos + 9] = 2 * len(digits)  # a varint below 64: one byte
+        pos += 10
+        buffer[pos : pos + len(digits)] = digits
+        pos += len(digits)
+    buffer[pos : pos + len(tail)] = tail
+    return pos + len(tail)
 
 
 def _put_varint(buffer: bytearray, pos: int, value: int) -> int:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from cdcd.sinks.kafka_recordbatch import (
+    C_KAFKA_RECORD,
     CODECS,
     RecordBatch,
     encode_headers,
     header,
     header_name,
     record_size,
+    write_record_python,
 )
 
 RECORDS = [
@@ -30,8 +34,21 @@ RECORDS = [
 ]
 
 
-def _ours(codec: int, state: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
-    batch = RecordBatch(1 << 20)
+#: how records are written: cdcd._rowjson.kafka_record (C) and write_record_python
+WRITERS = ["c", "python"]
+
+
+def new_batch(max_size: int, writer: str = "c") -> RecordBatch:
+    batch = RecordBatch(max_size)
+    if writer == "python":
+        batch.write_record = write_record_python
+    elif C_KAFKA_RECORD is None:
+        pytest.skip("cdcd._rowjson is not compiled here")
+    return batch
+
+
+def _ours(codec: int, state: tuple[int, int, int] = (-1, -1, -1), writer: str = "c") -> bytes:
+    batch = new_batch(1 << 20, writer)
     for ts, key, value, head, seq, tail in RECORDS:
         count = len(head) + len(tail) + (seq >= 0)
         assert batch.append(ts, key, value, encode_headers(head), seq, encode_headers(tail), count)
@@ -49,13 +66,15 @@ def _aiokafka(codec: int) -> bytes:
     return bytes(builder.build())
 
 
-def test_uncompressed_batch_is_byte_identical_to_aiokafkas() -> None:
-    assert _ours(0) == _aiokafka(0)
+@pytest.mark.parametrize("writer", WRITERS)
+def test_uncompressed_batch_is_byte_identical_to_aiokafkas(writer: str) -> None:
+    assert _ours(0, writer=writer) == _aiokafka(0)
 
 
+@pytest.mark.parametrize("writer", WRITERS)
 @pytest.mark.parametrize("codec", sorted(CODECS))
-def test_aiokafka_reads_every_record_back(codec: str) -> None:
-    batch = DefaultRecordBatch(_ours(CODECS[codec], (4242, 3, 17)))
+def test_aiokafka_reads_every_record_back(codec: str, writer: str) -> None:
+    batch = DefaultRecordBatch(_ours(CODECS[codec], (4242, 3, 17), writer))
     assert batch.validate_crc()
     assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (4242, 3, 17)
     if codec != "none":  # compression pays for these records
@@ -70,12 +89,16 @@ def test_aiokafka_reads_every_record_back(codec: str) -> None:
     assert batch.max_timestamp == max(r[0] for r in RECORDS)
 
 
-def test_a_full_batch_refuses_the_next_record_but_takes_a_first_one_of_any_size() -> None:
-    batch = RecordBatch(1024)
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_full_batch_refuses_the_next_record_but_takes_a_first_one_of_any_size(
+    writer: str,
+) -> None:
+    batch = new_batch(1024, writer)
     assert batch.append(0, b"k", b"v" * 5000, b"", -1, b"", 0)  # alone: always fits
-    assert not batch.append(0, b"k", b"v", b"", -1, b"", 0)
-    assert batch.count == 1
-    small = RecordBatch(1024)
+    size = batch.size()
+    assert not batch.append(7, b"k", b"v", b"", -1, b"", 0)
+    assert (batch.count, batch.size(), batch.max_ts) == (1, size, 0)  # nothing of it kept
+    small = new_batch(1024, writer)
     while small.append(0, b"k", b"v" * 100, b"", 5, b"", 1):
         pass
     theirs = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1024)
@@ -97,3 +120,42 @@ def test_record_size_bounds_aiokafkas_estimate() -> None:
 @pytest.mark.parametrize("value", [b"", b"1", b"x" * 63, b"x" * 64, b"x" * 300])
 def test_one_header_encodes_as_the_list_does(value: bytes) -> None:
     assert header(header_name("cdcd.xid"), value) == encode_headers([("cdcd.xid", value)])
+
+
+def test_c_and_python_writers_write_the_same_bytes() -> None:
+    """Random records (null and empty keys and values, values past one-byte varints, negative
+    timestamp deltas, large sequence numbers, a buffer that grows): the same batches."""
+    if C_KAFKA_RECORD is None:
+        pytest.skip("cdcd._rowjson is not compiled here")
+    rng = random.Random(7)
+    head = encode_headers([("cdcd.commit_lsn", b"123456789")])
+    for _ in range(40):
+        limit = rng.choice([300, 5000, 1 << 16])
+        batches = [new_batch(limit, "c"), new_batch(limit, "python")]
+        for _ in range(rng.randrange(1, 200)):
+            key = rng.choice([None, b"", b"k" * rng.randrange(1, 200)])
+            value = rng.choice(
+                [None, b"", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 3000)))]
+            )
+            seq = rng.choice([-1, 0, rng.randrange(10**12)])
+            tail = encode_headers([("cdcd.op", rng.choice([b"c", b"d"]))] * rng.randrange(3))
+            ts = 1_700_000_000_000 + rng.randrange(-(10**6), 10**6)
+            count = 1 + (seq >= 0) + rng.randrange(3)
+            taken = [b.append(ts, key, value, head, seq, tail, count) for b in batches]
+            assert taken[0] == taken[1]
+            if not taken[0]:
+                break
+        c, python = batches
+        assert (c.count, c.first_ts, c.max_ts) == (python.count, python.first_ts, python.max_ts)
+        assert c.build(0, -1, -1, -1) == python.build(0, -1, -1, -1)
+
+
+def test_c_writer_refuses_what_it_cannot_write() -> None:
+    if C_KAFKA_RECORD is None:
+        pytest.skip("cdcd._rowjson is not compiled here")
+    with pytest.raises(TypeError, match="key must be bytes or None"):
+        C_KAFKA_RECORD(bytearray(100), 61, -1, 0, 0, "text", None, b"", -1, b"", 0)
+    with pytest.raises(TypeError, match="bytearray"):
+        C_KAFKA_RECORD(b"x" * 100, 61, -1, 0, 0, None, None, b"", -1, b"", 0)
+    with pytest.raises(ValueError, match="pos outside"):
+        C_KAFKA_RECORD(bytearray(10), 61, -1, 0, 0, None, None, b"", -1, b"", 0)
