@@ -21,6 +21,7 @@ it in use by the others. Kept apart from :mod:`cdcd.accel` and free of cdcd impo
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 
 #: Modules written for mypyc (dotted names), compiled one by one. The only list of them.
 COMPILED_MODULES: tuple[str, ...] = (
@@ -70,6 +71,16 @@ RECORD_SUFFIX = ".build.json"
 
 class StaleExtensionWarning(RuntimeWarning):
     """A compiled module was built from another source than the ``.py`` file beside it."""
+
+
+def c_function(module: str, name: str) -> Any:
+    """``name`` from the hand-written C extension ``module`` (:data:`C_MODULES`), or None where
+    it is not in use (not built, stale, ``CDCD_PURE_PYTHON``): the caller takes its Python
+    path then, which computes the same."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
 
 
 def pure_python_requested() -> bool:

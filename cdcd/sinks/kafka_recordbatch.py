@@ -30,13 +30,14 @@ transaction's records share once, and :meth:`RecordBatch.append` writes the per-
 
 from __future__ import annotations
 
-import importlib
 import struct
 from collections.abc import Callable
-from typing import Final, cast
+from typing import Final
 
 from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from aiokafka.record.util import calc_crc32c
+
+from cdcd._purepy import c_function
 
 # A record's key and value, for error messages.
 Record = tuple[bytes | None, bytes | None]
@@ -57,15 +58,8 @@ RECORD_OVERHEAD: Final = 32
 WriteRecord = Callable[..., int]
 
 
-def _load_c_record() -> WriteRecord | None:
-    """cdcd._rowjson.kafka_record (hand-written C), or None where it is not in use."""
-    try:
-        return cast(WriteRecord, importlib.import_module("cdcd._rowjson").kafka_record)
-    except (ImportError, AttributeError):
-        return None
-
-
-C_KAFKA_RECORD: Final = _load_c_record()
+#: cdcd._rowjson.kafka_record (hand-written C), or None where it is not in use
+C_KAFKA_RECORD: Final[WriteRecord | None] = c_function("cdcd._rowjson", "kafka_record")
 
 
 def varint(value: int) -> bytes:

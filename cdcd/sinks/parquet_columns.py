@@ -7,7 +7,9 @@ the same values, the same nulls, the same ``unrepresentable`` sidecar entries in
 ``RowLayout.batch`` stays the reference; the unit tests compare the two over many types.
 
 How: the raw pgoutput values of each column (bytes, as the server sent them) are gathered for
-the whole run and converted by Arrow casts in C when the column's type has an exact cast:
+the whole run into an Arrow binary array (by ``cdcd._rowjson.arrow_columns`` in C, or by
+``pa.array`` where that is not in use) and converted by Arrow casts in C when the column's type
+has an exact cast:
 
     text-like types (converter = UTF-8 decode)  bytes → string (validates UTF-8, as decode does)
     int2/int4/int8/oid/xid/cid/xid8             string → int (fails on overflow, like Arrow did)
@@ -50,6 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcd import __version__
+from cdcd._purepy import c_function
 from cdcd.decoder.events import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
 from cdcd.values.types import UNCHANGED_TOAST, TypeRegistry
 
@@ -66,6 +69,10 @@ _INT_OIDS = frozenset({20, 21, 23, 26, 28, 29, 5069})
 _TEXT_DECODE = TypeRegistry().native_converter(25, -1, KIND_TEXT)
 _PLAIN_DECIMAL = r"^-?[0-9]+(\.[0-9]+)?$"
 _FAST_KINDS = frozenset({KIND_TEXT, KIND_NULL})
+#: cdcd._rowjson.arrow_columns (hand-written C), or None: the columns are gathered in Python
+_c_arrow_columns: Callable[..., list[tuple[bytes | None, bytes, bytes, int]] | None] | None = (
+    c_function("cdcd._rowjson", "arrow_columns")
+)
 _CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OverflowError)
 
 
@@ -164,15 +171,14 @@ class _ColumnPlan:
         self.json_text = registry.json_converter(oid, typmod, KIND_TEXT)
         self.json_binary = registry.json_converter(oid, typmod, KIND_BINARY)
 
-    def cast(self, raw: Sequence[bytes | None]) -> pa.Array | None:
-        """The column by an exact Arrow cast, or None when the values need the slow path."""
+    def cast(self, raw: pa.Array) -> pa.Array | None:
+        """The column (its raw values as a binary array) by an exact Arrow cast, or None when
+        the values need the slow path."""
         fast = self.fast
-        if not fast:
-            return None
         try:
             if fast == "bool":
-                return pc.equal(pa.array(raw, pa.binary()), pa.scalar(b"t", pa.binary()))
-            text = pa.array(raw, pa.string())  # validates UTF-8 as bytes.decode() does
+                return pc.equal(raw, pa.scalar(b"t", pa.binary()))
+            text = raw.cast(pa.string())  # validates UTF-8 as bytes.decode() does
             if fast == "text":
                 return text
             if fast == "plain_decimal":
@@ -447,20 +453,38 @@ class ColumnBuilder:
             values = [null_values if t is None else t.values for t in tuples]
             distinct = {null_kinds, *(t.kinds for t in tuples if t is not None)}
             mask = pa.array(absent, pa.bool_())
-        try:
-            if any(len(k) != width for k in distinct):
-                raise ValueError
-            value_cols = list(zip(*values, strict=True))
-        except ValueError as exc:  # the row path names the relation and the widths
-            raise _Fallback("a tuple of another width than the relation") from exc
+        if any(len(k) != width for k in distinct):  # the row path names the relation and
+            raise _Fallback("a tuple of another width than the relation")  # the widths
+        buffers = None if _c_arrow_columns is None else _c_arrow_columns(values, width)
+        value_cols: list[tuple[bytes | None, ...]] | None = None
+        if buffers is None:
+            try:
+                value_cols = list(zip(*values, strict=True))
+            except ValueError as exc:
+                raise _Fallback("a tuple of another width than the relation") from exc
         kinds: list[bytes] | None = None
         children: list[pa.Array] = []
         for i, plan in enumerate(self.plans):
-            raw = value_cols[i]
             array = None
-            if all(k[i] in _FAST_KINDS for k in distinct):
-                array = plan.cast(raw)
+            if plan.fast and all(k[i] in _FAST_KINDS for k in distinct):
+                if value_cols is not None:
+                    array = plan.cast(pa.array(value_cols[i], pa.binary()))
+                else:
+                    assert buffers is not None
+                    validity, offsets, data, null_count = buffers[i]
+                    binary = pa.Array.from_buffers(
+                        pa.binary(),
+                        n,
+                        [
+                            validity and pa.py_buffer(validity),
+                            pa.py_buffer(offsets),
+                            pa.py_buffer(data),
+                        ],
+                        null_count,
+                    )
+                    array = plan.cast(binary)
             if array is None:
+                raw = value_cols[i] if value_cols is not None else [v[i] for v in values]
                 if kinds is None:
                     kinds = [null_kinds if t is None else t.kinds for t in tuples]
                 col_skip = None

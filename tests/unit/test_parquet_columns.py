@@ -30,7 +30,7 @@ from cdcd.decoder.events import (
 )
 from cdcd.events import ChangeEvent
 from cdcd.events.encoder import Encoder
-from cdcd.sinks import parquet
+from cdcd.sinks import parquet, parquet_columns
 from cdcd.sinks.file import FileSink, FileSinkConfig
 from cdcd.sinks.parquet import RowLayout
 from cdcd.sinks.parquet_columns import ColumnBuilder
@@ -192,8 +192,19 @@ def assert_same_batch(events: list[Any]) -> pa.RecordBatch:
     return actual
 
 
+@pytest.fixture(params=["c", "python"])
+def gather(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the column builder gathers a run's values into columns: cdcd._rowjson.arrow_columns
+    (C), or zip and pa.array (Python, where the C module is not in use)."""
+    if request.param == "python":
+        monkeypatch.setattr(parquet_columns, "_c_arrow_columns", None)
+    elif parquet_columns._c_arrow_columns is None:
+        pytest.skip("cdcd._rowjson is not compiled here")
+    return str(request.param)
+
+
 @pytest.mark.parametrize("seed", range(12))
-def test_column_wise_equals_row_wise(seed: int) -> None:
+def test_column_wise_equals_row_wise(seed: int, gather: str) -> None:
     events = random_events(seed, 400, nulls=0.1 * (seed % 3), toast=0.04 * (seed % 4))
     for table_events in by_table(events).values():
         assert_same_batch(table_events)
@@ -348,3 +359,35 @@ def test_shared_source_fields_follow_source_base_when_it_differs() -> None:
     for txn in txns:
         txn.base = {**plain, "db": "other"}  # a value it would build differently
     assert _shared_fields(keys)["db"] == ["other"] * 3
+
+
+def test_arrow_columns_hold_what_pa_array_holds() -> None:
+    arrow_columns = parquet_columns._c_arrow_columns
+    if arrow_columns is None:
+        pytest.skip("cdcd._rowjson is not compiled here")
+    rng = random.Random(3)
+    for n in (0, 1, 7, 8, 9, 300):
+        width = rng.randrange(0, 5)
+        rows = [
+            tuple(
+                rng.choice([None, b"", b"\xff\x00", b"x" * rng.randrange(200)])
+                for _ in range(width)
+            )
+            for _ in range(n)
+        ]
+        columns = arrow_columns(rows, width)
+        assert columns is not None and len(columns) == width
+        for i, (validity, offsets, data, null_count) in enumerate(columns):
+            buffers = [
+                validity and pa.py_buffer(validity),
+                pa.py_buffer(offsets),
+                pa.py_buffer(data),
+            ]
+            got = pa.Array.from_buffers(pa.binary(), n, buffers, null_count)
+            got.validate(full=True)
+            assert got.equals(pa.array([row[i] for row in rows], pa.binary()))
+            assert (validity is None) == (null_count == 0)
+    # what it does not take: the caller's Python path decides
+    assert arrow_columns([(b"1", b"2"), (b"1",)], 2) is None
+    assert arrow_columns([(b"1", "text")], 2) is None
+    assert arrow_columns([[b"1", b"2"]], 2) is None
