@@ -328,6 +328,16 @@ async def test_writer_across_conversion_and_row_group_boundaries(
     assert pq.ParquetFile(path).metadata.num_row_groups > 1
     expected = RowLayout.for_event(events[0]).batch(events)
     assert repr(table.to_pylist()) == repr(expected.to_pylist())
+    # dictionary encoding for op and the source's repeated strings only
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    dictionary = {
+        meta.column(i).path_in_schema
+        for i in range(meta.num_columns)
+        if meta.column(i).has_dictionary_page
+    }
+    assert {"op", "source.table", "source.version", "source.snapshot"} <= dictionary
+    assert not {c for c in dictionary if c.startswith(("after.", "before.", "key."))}
+    assert "source.sequence" not in dictionary and "transaction.id" not in dictionary
 
 
 def test_shared_source_fields_follow_source_base_when_it_differs() -> None:
