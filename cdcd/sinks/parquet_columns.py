@@ -42,6 +42,7 @@ transaction and table info): see :func:`_raw_parts`, the one place that does.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -249,6 +250,7 @@ class _ColumnPlan:
 
 _VALUES = operator.attrgetter("values")
 _KINDS = operator.attrgetter("kinds")
+_PRESENT = functools.partial(operator.is_not, None)  # t is not None
 
 
 def _raw_parts(events: Sequence[ChangeEvent]) -> tuple[list[Any], ...]:
@@ -268,11 +270,13 @@ def _distinct(*columns: list[Any]) -> tuple[list[tuple[Any, ...]], pa.Array | No
     varying = [c for c in columns if c.count(c[0]) != n]
     if not varying:
         return [tuple(c[0] for c in columns)], None
-    seen: dict[Any, int] = {}
     keys = varying[0] if len(varying) == 1 else list(zip(*varying, strict=True))
-    index = [seen.setdefault(k, len(seen)) for k in keys]
-    first = {k: row for row, k in zip(range(n - 1, -1, -1), reversed(keys), strict=True)}
-    rows = [first[k] for k in seen]
+    # per row only C loops (dict(zip), map): the distinct keys in first-seen order, each with
+    # the last row that has it (equal keys: equal values), and each row's key's number
+    last = dict(zip(keys, range(n), strict=True))
+    number = {k: i for i, k in enumerate(last)}
+    index = list(map(number.__getitem__, keys))
+    rows = list(last.values())
     picked = [[c[row] for row in rows] for c in columns]
     return list(zip(*picked, strict=True)), pa.array(index, pa.int32())
 
@@ -451,7 +455,7 @@ class ColumnBuilder:
             return pa.nulls(n, self.layout.row_type), pa.array([False] * n, pa.bool_())
         else:
             values = [null_values if t is None else t.values for t in tuples]
-            distinct = {null_kinds, *(t.kinds for t in tuples if t is not None)}
+            distinct = {null_kinds, *map(_KINDS, filter(_PRESENT, tuples))}
             mask = pa.array(absent, pa.bool_())
         if any(len(k) != width for k in distinct):  # the row path names the relation and
             raise _Fallback("a tuple of another width than the relation")  # the widths
