@@ -38,7 +38,8 @@ Workloads (``--quick`` divides sizes by 50; ``--scale`` sets the factor):
 ``W3``  100,000 rows with 4 KB of out-of-line (TOASTed) text, then updates leaving it unchanged
 ``W4``  latency: 2,000 transactions/s of 5 rows (10,000 rows/s) for 60 s while cdcd runs live
         with the JSON Lines (``flush_interval: 0.02``) and Kafka sinks; commit-to-durable
-        p50/p99/max from ``CDCD_LATENCY_LOG`` (cdcd.benchlog)
+        p50/p99/max from ``CDCD_LATENCY_LOG`` (cdcd.benchlog), and ``handed_p50_ms`` /
+        ``handed_p99_ms``: commit to handed to every sink (the server, the network, decoding)
 ``W4h`` the same at 6,000 transactions/s (30,000 rows/s), each sink alone with its own load;
         ``p99_ms_by_third`` (the p99 of each third of the run) and ``keeps_up`` (the last
         third's p99 at most 1.5 x the first's + 20 ms: the lag did not grow), and
@@ -394,6 +395,7 @@ class Setup:
     work: Path
     kafka: Any = None  # a started broker, for cdcd_kafka
     profile: Path | None = None  # --profile: run cdcd under py-spy, collapsed stacks here
+    profile_native: bool = True  # --profile without --profile-python: py-spy --native
     checkout: Path = REPO  # whose cdcd runs
     baseline: Path | None = None  # --baseline
 
@@ -564,11 +566,12 @@ def _profiled(setup: Setup, contender: str, cmd: list[str]) -> list[str]:
     setup.profile.mkdir(parents=True, exist_ok=True)
     base = "base_" if setup.baseline is not None and setup.checkout == setup.baseline else ""
     raw = setup.profile / f"{setup.workload.name}-{base}{contender}.txt"
-    # --native: time in compiled modules and C extensions attributed to their functions
+    # --native: time in compiled modules and C extensions attributed to their functions (it
+    # slows a process with Arrow's threads down many times: --profile-python leaves it out)
     return [
         "py-spy",
         "record",
-        "--native",
+        *(["--native"] if setup.profile_native else []),
         "--format",
         "raw",
         "-r",
@@ -616,13 +619,17 @@ def latency_summary(path: Path, end_lsn: str) -> dict[str, Any]:
     grows over the run fails it)."""
     end = parse_lsn(end_lsn)
     timed = []
+    handed = []  # commit to handed to every sink: the source's part (server, network, decoding)
     for line in path.read_bytes().splitlines():
         rec = orjson.loads(line)
         if rec["end_lsn"] <= end:
             commit_unix_us = rec["commit_time_us"] + PG_EPOCH_OFFSET_US
             timed.append((commit_unix_us, (rec["durable_us"] - commit_unix_us) / 1000))
+            if "handed_us" in rec:
+                handed.append((rec["handed_us"] - commit_unix_us) / 1000)
     if not timed:
         return {}
+    handed.sort()
     timed.sort()
     thirds = [
         _pct(sorted(ms for _, ms in timed[i * len(timed) // 3 : (i + 1) * len(timed) // 3]), 0.99)
@@ -633,6 +640,8 @@ def latency_summary(path: Path, end_lsn: str) -> dict[str, Any]:
         "p50_ms": _pct(samples, 0.50),
         "p99_ms": _pct(samples, 0.99),
         "max_ms": round(samples[-1], 2),
+        "handed_p50_ms": _pct(handed, 0.50),
+        "handed_p99_ms": _pct(handed, 0.99),
         "p99_ms_by_third": thirds,
         "keeps_up": thirds[2] <= 1.5 * thirds[0] + 20,
     }
@@ -706,6 +715,7 @@ def run_workload(
         args.peer,
         work,
         profile=args.profile,
+        profile_native=not args.profile_python,
         baseline=args.baseline,
     )
     try:
@@ -1080,6 +1090,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="run cdcd under py-spy (pip install py-spy); collapsed stacks into this folder "
         "(timings are then not comparable)",
+    )
+    parser.add_argument(
+        "--profile-python",
+        action="store_true",
+        help="with --profile: Python frames only (no --native, which slows the Parquet sink's "
+        "Arrow threads many times over; compiled code is then counted in its Python caller)",
     )
     parser.add_argument(
         "--repeat", type=int, help="runs per contender, median reported (default 3; --quick 1)"

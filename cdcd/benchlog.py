@@ -4,12 +4,15 @@ Two environment variables, read once when the pipeline starts:
 
 ``CDCD_LATENCY_LOG=<file>``
     One JSON line per transaction handed to the sinks, written once every sink holds it
-    durably: ``{"end_lsn": int, "commit_time_us": int, "durable_us": int}``. ``commit_time_us``
-    is the Commit message's time (microseconds since the PostgreSQL epoch, the server's clock);
-    ``durable_us`` the wall time (microseconds since the Unix epoch) when
-    ``min(sink.durable_lsn())`` first reached the transaction's end LSN, observed by a task that
-    polls every 2 ms and right after each flush. Commit-to-durable latency is the difference
-    (after converting epochs); server and daemon must share a clock (same machine).
+    durably: ``{"end_lsn": int, "commit_time_us": int, "handed_us": int, "durable_us": int}``.
+    ``commit_time_us`` is the Commit message's time (microseconds since the PostgreSQL epoch,
+    the server's clock); ``handed_us`` the wall time (microseconds since the Unix epoch) when
+    every sink had been handed the whole transaction; ``durable_us`` the wall time when
+    ``min(sink.durable_lsn())`` first reached the transaction's end LSN: as a sink marks a
+    position durable (``Sink.durable_listener``), right after each flush the pipeline runs,
+    and by a task that polls every 2 ms (for a sink that moves its position another way).
+    Commit-to-durable latency is ``durable_us`` minus the commit time (after converting
+    epochs); server and daemon must share a clock (same machine).
 
 ``CDCD_BENCH_STATS=<file>``
     One JSON object written when the pipeline stops: events (also per op and per table),
@@ -44,7 +47,7 @@ class LatencyLog:
 
     def __init__(self, path: str) -> None:
         self._file: IO[bytes] = open(path, "ab")  # noqa: SIM115 - closed in close()
-        self._pending: deque[tuple[int, int]] = deque()
+        self._pending: deque[tuple[int, int, int]] = deque()
 
     @classmethod
     def from_env(cls) -> LatencyLog | None:
@@ -53,7 +56,7 @@ class LatencyLog:
 
     def handed(self, end_lsn: int, commit_time: int) -> None:
         """A transaction was handed to every sink (after ``commit``)."""
-        self._pending.append((end_lsn, commit_time))
+        self._pending.append((end_lsn, commit_time, time.time_ns() // 1000))
 
     def durable(self, lsn: int) -> None:
         """Every sink holds everything up to ``lsn``: record the transactions it covers."""
@@ -63,10 +66,10 @@ class LatencyLog:
         now = time.time_ns() // 1000
         lines = []
         while pending and pending[0][0] <= lsn:
-            end_lsn, commit_time = pending.popleft()
+            end_lsn, commit_time, handed = pending.popleft()
             lines.append(
-                b'{"end_lsn":%d,"commit_time_us":%d,"durable_us":%d}\n'
-                % (end_lsn, commit_time, now)
+                b'{"end_lsn":%d,"commit_time_us":%d,"handed_us":%d,"durable_us":%d}\n'
+                % (end_lsn, commit_time, handed, now)
             )
         self._file.write(b"".join(lines))
 

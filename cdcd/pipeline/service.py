@@ -174,9 +174,17 @@ class Pipeline:
         stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
         tasks.add(stop_waiter)
         if self._latency is not None:
-            # the sinks' own positions: the tracker learns them only at the acker's tick (0.2 s)
+            # the sinks' own positions (the tracker learns them only at the acker's tick, 0.2 s):
+            # told by each sink as its position moves, and polled for a sink that does not tell
             sinks = self.sinks
-            latency = self._latency.watch(lambda: min(s.durable_lsn() for s in sinks))
+            latency_log = self._latency
+
+            def durable() -> None:
+                latency_log.durable(min(s.durable_lsn() for s in sinks))
+
+            for sink in sinks:
+                sink.durable_listener = durable
+            latency = latency_log.watch(lambda: min(s.durable_lsn() for s in sinks))
             tasks.add(asyncio.create_task(latency, name="latency"))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

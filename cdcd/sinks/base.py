@@ -36,7 +36,7 @@ Sinks are chosen by ``type`` in the config: built-in and third-party classes reg
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -82,6 +82,9 @@ class Sink(abc.ABC):
     #: bytes the sink should keep its own buffers within: a share of ``buffer.memory_limit``,
     #: set by the writer before the first transaction (None: no bound given)
     memory_budget: int | None = None
+    #: called each time ``durable_lsn`` moves (set by the pipeline when it wants to know at
+    #: once, e.g. the benchmark's latency log; None: nobody is told)
+    durable_listener: Callable[[], None] | None = None
 
     def __init__(self, config: Any = None, context: SinkContext | None = None) -> None:
         """Subclasses are built as ``cls(config, context)`` and call ``super().__init__()``."""
@@ -142,7 +145,8 @@ class Sink(abc.ABC):
         return self._durable.value
 
     def _mark_durable(self, end_lsn: int) -> None:
-        self._durable.advance(end_lsn)
+        if self._durable.advance(end_lsn) and self.durable_listener is not None:
+            self.durable_listener()
 
     def buffered_bytes(self) -> int:
         """Bytes of handed-over events the sink holds in memory, not yet written out or

@@ -9,7 +9,9 @@ import orjson
 import pytest
 
 from cdcd.benchlog import LATENCY_ENV, STATS_ENV, LatencyLog, write_stats
+from cdcd.sinks.null import NullSink
 from cdcd.stats import Stats
+from tests.unit.sink_fixtures import CONTEXT
 
 
 def test_latency_log_records_each_transaction_once_when_durable(
@@ -35,6 +37,20 @@ def test_latency_log_records_each_transaction_once_when_durable(
         (300, 3_000),
     ]
     assert all(r["durable_us"] > 1_600_000_000_000_000 for r in records)  # Unix microseconds
+    assert all(r["durable_us"] >= r["handed_us"] > 1_600_000_000_000_000 for r in records)
+    assert records[0]["durable_us"] == records[1]["durable_us"]  # made durable together
+
+
+def test_a_sink_tells_its_listener_each_time_its_position_moves() -> None:
+    sink = NullSink(NullSink.Config(), CONTEXT)
+    told: list[int] = []
+    sink._mark_durable(10)  # nobody listening: nothing happens
+    sink.durable_listener = lambda: told.append(sink.durable_lsn())
+    sink._mark_durable(20)
+    sink._mark_durable(20)  # did not move
+    sink._mark_durable(15)  # older
+    sink._mark_durable(30)
+    assert told == [20, 30]
 
 
 def test_write_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
