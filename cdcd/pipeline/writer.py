@@ -7,7 +7,9 @@
 
 * Transactions wait here bounded by ``buffer.memory_limit`` (their accounted bytes plus what
   the sinks buffer, ``Sink.buffered_bytes``) and ``buffer.queue_transactions``; one
-  transaction always fits once the sinks' buffers are empty. Each sink gets half the limit,
+  transaction always fits once the sinks' buffers are empty. The buffers are summed again
+  only once the writer has handed a sink something since (they grow only then), and while
+  ``put`` waits (they drain by themselves). Each sink gets half the limit,
   shared out, as its ``memory_budget``. A transaction is released (its
   memory and spill file freed) once every sink has been handed all of it.
 * A transaction still arriving comes in parts (docs/assembler.md, "Parts"): the sinks see one
@@ -181,6 +183,9 @@ class Writer:
         self._room = asyncio.Event()  # a transaction released: room for the reader
         self._held = 0  # transactions put and not yet released
         self._held_bytes = 0
+        # the sinks' buffered bytes as last summed: they grow only by what the writer hands
+        # over (which forgets the sum) and drain by themselves, so the sum stays an upper bound
+        self._sinks_buffered: int | None = None
         self._window = _Window(len(sinks), window, self._released)
         if len(stats.sinks) != len(sinks):
             stats.sinks[:] = [SinkStats(sink.type_name) for sink in sinks]
@@ -207,7 +212,9 @@ class Writer:
         """Queue ``txn``; waits while the transactions held here and the sinks' buffers would
         pass the limits (looking at the buffers, which drain without a signal, every 0.02 s)."""
         while True:
-            buffered = sum(sink.buffered_bytes() for sink in self.sinks)
+            buffered = self._sinks_buffered
+            if buffered is None:
+                buffered = self._sinks_buffered = sum(s.buffered_bytes() for s in self.sinks)
             if (
                 not (
                     (self._held or buffered)
@@ -217,6 +224,7 @@ class Writer:
             ):
                 break
             self._room.clear()
+            self._sinks_buffered = None  # the sinks drain meanwhile: look again
             if not buffered:
                 await self._room.wait()
                 continue
@@ -464,10 +472,12 @@ class Writer:
                 method = write if kind == _WRITE else sink.begin if kind == _BEGIN else sink.commit
                 calls = ((method, payload),)
             for call, arg in calls:
+                self._sinks_buffered = None
                 try:
                     await call(arg)
                 except TransientSinkError as exc:  # again after a backoff, until it passes
                     await retrying(partial(call, arg), call.__name__, stats, exc)
+            self._sinks_buffered = None
             spent += time.perf_counter() - t0
             if window.advance(i):
                 self._progress.set()

@@ -475,8 +475,13 @@ class FileSink(Sink):
     def buffered_bytes(self) -> int:
         """What the open and sealed (not yet published) files hold in memory; each file may
         hold half the sink's ``memory_budget``."""
-        writers = [f.writer for f in self.open_folders.values()] + [w for w, _ in self.sealed]
-        return sum(w.buffered() for w in writers if w is not None)
+        total = 0
+        for folder in self.open_folders.values():
+            if folder.writer is not None:
+                total += folder.writer.buffered()
+        for writer, _ in self.sealed:
+            total += writer.buffered()
+        return total
 
     def stats(self) -> dict[str, Any]:
         return {

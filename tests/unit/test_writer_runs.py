@@ -214,3 +214,52 @@ async def test_file_sink_with_transaction_markers_writes_each_transaction(tmp_pa
     assert [(m["status"], m["commit_lsn"]) for m in markers] == [
         (s, t.commit_lsn) for t in txns for s in ("BEGIN", "END")
     ]
+
+
+class BufferingSink(MemorySink):
+    """A memory sink that reports ``per_event`` bytes buffered for each event written until
+    ``drain()``, counting how often it is asked."""
+
+    def __init__(self, per_event: int) -> None:
+        super().__init__(MemorySink.Config(), CONTEXT)
+        self.per_event = per_event
+        self.held = 0
+        self.asked = 0
+
+    async def write(self, events: Any) -> None:
+        await super().write(events)
+        self.held += self.per_event * len(events)
+
+    def buffered_bytes(self) -> int:
+        self.asked += 1
+        return self.held
+
+    def drain(self) -> None:  # what a background flush or acknowledgement does
+        self.held = 0
+
+
+async def test_the_sinks_buffers_are_summed_again_only_after_a_hand_over_or_while_waiting() -> None:
+    txns = small(1, 4)  # 3 events each
+    sink = BufferingSink(per_event=10_000)
+    limit = sum(t.mem_bytes for t in txns) + 35_000  # room for one transaction's buffers
+    writer = Writer(
+        [sink], encoder(), ProgressTracker(1), Stats(), memory_limit=limit,
+        max_transactions=100,
+    )  # fmt: skip
+    await sink.start()
+    for txn in txns[:2]:  # nothing handed over in between: summed once
+        await writer.put(txn)
+    assert sink.asked == 1
+    running = asyncio.create_task(writer.run())
+    while writer.queued_transactions:
+        await asyncio.sleep(0)
+    assert sink.held == 60_000  # both written, buffered by the sink
+    put = asyncio.create_task(writer.put(txns[2]))  # over the limit: waits
+    await asyncio.sleep(0.1)
+    assert not put.done() and sink.asked >= 3  # looked again while waiting (every 0.02 s)
+    sink.drain()
+    await asyncio.wait_for(put, 1)
+    await writer.put(txns[3])
+    writer.close()
+    await asyncio.wait_for(running, 5)
+    assert [x for x, *_ in sink.transactions] == [t.xid for t in txns]
