@@ -15,7 +15,10 @@ A length below 4 or above ``max_message_size`` is a :class:`RemoteProtocolError`
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from typing import Final
 
+from cdcd._purepy import c_function
 from cdcd.errors import RemoteProtocolError
 
 _HEADER = struct.Struct("!cI")
@@ -27,16 +30,23 @@ _W = ord("w")
 #: PostgreSQL itself never sends a message near this; a larger length means corrupt framing.
 DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
 
+XlogRun = Callable[[bytearray, int, int, int], tuple[list[object], list[int], int]]
+#: cdcd._rowjson.xlog_run (hand-written C), or None where it is not in use: then
+#: :meth:`MessageReader.next_xlog_run` takes the messages in Python, with the same result
+C_XLOG_RUN: Final[XlogRun | None] = c_function("cdcd._rowjson", "xlog_run")
+
 
 class MessageReader:
     """Accumulates bytes and splits them into ``(tag, payload)`` backend messages."""
 
-    __slots__ = ("_buf", "_max", "_pos")
+    __slots__ = ("_buf", "_max", "_pos", "xlog_run_c")
 
     def __init__(self, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
         self._buf = bytearray()
         self._pos = 0
         self._max = max_message_size
+        #: :data:`C_XLOG_RUN`, or None for the Python loop (the tests compare the two)
+        self.xlog_run_c: XlogRun | None = C_XLOG_RUN
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Append received bytes."""
@@ -104,7 +114,15 @@ class MessageReader:
         (``w``: PostgreSQL docs, "Streaming Replication Protocol") already split into a
         ``(wal_start, wal_end, send_time, data)`` tuple, its data copied once; any other
         CopyData payload (a keepalive) as its bytes, its index in the second list. Compiled
-        (``cdcd/_purepy.py``): the per-message loop of streaming."""
+        (``cdcd/_purepy.py``), or in C (:data:`C_XLOG_RUN`): the per-message loop of
+        streaming. The C function stops where the Python loop would; when it took nothing, the
+        Python loop looks at the message again (and raises for an impossible length)."""
+        fast = self.xlog_run_c
+        if fast is not None:
+            run, run_others, end = fast(self._buf, self._pos, max_bytes, self._max)
+            if run:
+                self._pos = end
+                return run, run_others
         buf = self._buf
         pos = self._pos
         size = len(buf)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cdcd.errors import RemoteProtocolError
-from cdcd.wire.framing import MessageReader, frame
+from cdcd.wire.framing import C_XLOG_RUN, MessageReader, frame
 from cdcd.wire.session import CopyData, NoticeResponse, Session, State
 
 
@@ -105,9 +105,24 @@ def _xlog(wal_start: int, wal_end: int, sent: int, data: bytes) -> bytes:
     return frame(b"d", b"w" + struct.pack("!QQq", wal_start, wal_end, sent) + data)
 
 
-def test_next_xlog_run_splits_xlogdata_and_leaves_other_payloads() -> None:
+@pytest.fixture(params=["c", "python"])
+def xlog_path(request: pytest.FixtureRequest) -> str:
+    """Which loop ``next_xlog_run`` takes: the C function or the Python one."""
+    if request.param == "c" and C_XLOG_RUN is None:
+        pytest.skip("cdcd._rowjson is not in use here")
+    return str(request.param)
+
+
+def _reader(path: str, **kwargs: int) -> MessageReader:
+    reader = MessageReader(**kwargs)
+    if path == "python":
+        reader.xlog_run_c = None
+    return reader
+
+
+def test_next_xlog_run_splits_xlogdata_and_leaves_other_payloads(xlog_path: str) -> None:
     keepalive = b"k" + struct.pack("!QqB", 0x500, 7, 1)
-    reader = MessageReader()
+    reader = _reader(xlog_path)
     reader.feed(
         _xlog(0x10, 0x20, 5, b"I-one")
         + frame(b"d", keepalive)
@@ -128,11 +143,65 @@ def test_next_xlog_run_splits_xlogdata_and_leaves_other_payloads() -> None:
     assert reader.next_xlog_run() == ([(0x70, 0x80, 8, b"partial")], [])
 
 
-def test_next_xlog_run_impossible_length() -> None:
-    reader = MessageReader(max_message_size=100)
-    reader.feed(b"d" + struct.pack("!I", 101) + b"x" * 97)
+def test_next_xlog_run_impossible_length(xlog_path: str) -> None:
+    reader = _reader(xlog_path, max_message_size=100)
+    reader.feed(_xlog(1, 2, 3, b"ok") + b"d" + struct.pack("!I", 101) + b"x" * 97)
+    taken: list[object] = []
     with pytest.raises(RemoteProtocolError, match="impossible message length 101"):
+        for _ in range(3):  # C hands over what comes before it first; Python raises at once
+            taken += reader.next_xlog_run()[0]
+    assert taken in ([], [(1, 2, 3, b"ok")])
+    reader = _reader(xlog_path)
+    reader.feed(b"d" + struct.pack("!I", 3))
+    with pytest.raises(RemoteProtocolError, match="impossible message length 3"):
         reader.next_xlog_run()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    messages=st.lists(
+        st.one_of(
+            st.tuples(
+                st.integers(0, 2**64 - 1),
+                st.integers(0, 2**64 - 1),
+                st.integers(-(2**63), 2**63 - 1),
+                st.binary(max_size=40),
+            ).map(lambda t: _xlog(*t)),
+            st.binary(max_size=30).map(lambda b: frame(b"d", b)),  # keepalives, short payloads
+            st.binary(max_size=10).map(lambda b: frame(b"N", b)),  # another tag
+        ),
+        max_size=25,
+    ),
+    cut=st.integers(0, 2000),
+    budget=st.integers(1, 300),
+)
+def test_next_xlog_run_c_and_python_take_the_same(
+    messages: list[bytes], cut: int, budget: int
+) -> None:
+    """Both loops, on any stream cut anywhere and any byte budget, return the same items and
+    leave the reader at the same place."""
+    if C_XLOG_RUN is None:
+        pytest.skip("cdcd._rowjson is not in use here")
+    stream = b"".join(messages)
+    cut = min(cut, len(stream))
+    readers = [_reader("c"), _reader("python")]
+    outputs: list[list[object]] = [[], []]
+    for reader, out in zip(readers, outputs, strict=True):
+        reader.feed(stream[:cut])
+        for piece in (None, stream[cut:]):
+            if piece is not None:
+                reader.feed(piece)
+            while True:
+                items, others = reader.next_xlog_run(budget)
+                if items:
+                    out.append((items, others))
+                    continue
+                msg = reader.next()  # another tag, or nothing complete
+                if msg is None:
+                    break
+                out.append(msg)
+        assert reader.buffered == 0
+    assert outputs[0] == outputs[1]
 
 
 def test_xlog_run_only_while_streaming() -> None:
