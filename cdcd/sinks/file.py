@@ -30,7 +30,10 @@ Invariants:
   bounds the flushes per second, trading file count against latency.
 - **Publication order.** Files are sealed (closed for writing) and published by jobs that run
   one at a time in a worker thread, in seal order, so a folder's files become visible in name
-  order and a crash leaves, per folder, a prefix of its files published.
+  order and a crash leaves, per folder, a prefix of its files published. A job of at most
+  ``INLINE_PUBLISH_BYTES`` on a local disk runs on the event loop instead: its fsyncs take
+  about as long as handing it to the thread and back (each hand-off waits for the GIL while
+  the loop decodes), and W4's p99 fell from 27 to 23 ms (README "File sink").
 - **Exactly once across crashes.** PostgreSQL resends every transaction after the confirmed
   LSN. ``start()`` deletes leftover temporary files and reads, per folder, the position of the
   last published event (the last line of the last file); events at or before it are skipped,
@@ -103,6 +106,9 @@ from cdcd.units import ByteSize, Duration
 
 #: transactions that get BEGIN/END markers (not lone messages, not the snapshot pseudo-transaction)
 _MARKED_KINDS = frozenset({"regular", "streamed", "prepared"})
+#: a publication job of at most this many bytes of files, on a local disk, runs on the event
+#: loop rather than in the worker thread (see the module docstring)
+INLINE_PUBLISH_BYTES = 1 << 20
 
 
 class FileSinkConfig(BaseModel):
@@ -603,7 +609,10 @@ class FileSink(Sink):
             files, self.sealed = self.sealed, []
             self._unpublished += len(files)
             dirty = self.publisher.take_dirty()
-            if files or dirty:
+            if (files or dirty) and self._inline(files):
+                with self._failing():
+                    self.publisher.publish_files(files, dirty)
+            elif files or dirty:
                 job = asyncio.to_thread(self.publisher.publish_files, files, dirty)
                 try:
                     with self._failing():
@@ -615,6 +624,12 @@ class FileSink(Sink):
             self.files_published += len(files)
             if self._all_published():
                 self._mark_durable(self._committed_end)
+
+    def _inline(self, files: list[tuple[TableWriter, Path]]) -> bool:
+        """Whether this publication job is small enough to run on the event loop."""
+        if not self.publisher.local:  # uploads: network round trips, always in the thread
+            return False
+        return sum(writer.size() for writer, _ in files) <= INLINE_PUBLISH_BYTES
 
     def _schedule_flush(self) -> None:
         """Flush in the background once ``flush_interval`` has passed since the last flush

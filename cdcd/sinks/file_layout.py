@@ -259,6 +259,9 @@ class TransactionLogWriter(JsonlTableWriter):
 class Publisher:
     """Renames completed files into place and fsyncs the folders that changed."""
 
+    #: writes to a local disk (an object store's publisher uploads: not local)
+    local = True
+
     def __init__(self, fsync: bool) -> None:
         self.fsync = fsync
         self._dirty: set[Path] = set()

@@ -268,6 +268,7 @@ class ObjectStorePublisher:
     """The file sink's publisher for an object store (see the module docstring)."""
 
     fsync = False
+    local = False  # publication jobs upload: always in the worker thread
 
     def __init__(self, url: str, config: StorageConfig, store: ObjectStore | None = None) -> None:
         if store is None:

@@ -202,10 +202,13 @@ async def test_writing_goes_on_while_a_flush_publishes(tmp_path: Path) -> None:
 
 
 async def test_a_commit_during_a_flush_is_not_durable_before_that_flush_ends(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A transaction with nothing to write is durable at once only when nothing is being
-    published: otherwise once the publication in progress ends."""
+    published: otherwise once the publication in progress (in the worker thread) ends."""
+    import cdcd.sinks.file as file_module
+
+    monkeypatch.setattr(file_module, "INLINE_PUBLISH_BYTES", -1)  # every job in the thread
     out = tmp_path / "out"
     sink = make_sink(out)
     await sink.start()
@@ -485,3 +488,39 @@ async def test_disk_full_while_writing_is_transient(tmp_path: Path, monkeypatch:
     with pytest.raises(DefiniteSinkError, match="restart"):
         await sink.flush()
     assert sink.durable_lsn() == 0
+
+
+@pytest.mark.parametrize("limit, threads", [(1 << 20, 0), (10, 1)])
+async def test_small_publications_run_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int, threads: int
+) -> None:
+    """A publication job of at most INLINE_PUBLISH_BYTES runs on the event loop (no worker
+    thread to hand it to and back); a larger one in the worker thread. Both publish the same."""
+    import cdcd.sinks.file as file_module
+
+    handed: list[object] = []
+    to_thread = asyncio.to_thread
+
+    async def counting(func: Any, /, *args: Any) -> Any:
+        if getattr(func, "__name__", "") == "publish_files":  # not start()'s recovery
+            handed.append(func)
+        return await to_thread(func, *args)
+
+    monkeypatch.setattr(file_module, "INLINE_PUBLISH_BYTES", limit)
+    monkeypatch.setattr(file_module.asyncio, "to_thread", counting)
+    sink = make_sink(tmp_path / "out")
+    await sink.start()
+    txns = workload(1, 3, 1000)
+    await feed(sink, encoder(), txns)
+    await sink.flush()
+    assert len(handed) == threads
+    assert sink.durable_lsn() == txns[-1].end_lsn
+    rows = spark_read(tmp_path / "out" / "public.orders")
+    assert [r["after"]["id"] for r in rows if r["op"] == "c"] == [1, 2, 3]
+
+
+async def test_an_object_store_publication_always_runs_in_the_worker_thread() -> None:
+    from cdcd.sinks.file_layout import Publisher
+    from cdcd.sinks.storage import ObjectStorePublisher
+
+    assert Publisher.local and not ObjectStorePublisher.local
