@@ -394,6 +394,8 @@ class Writer:
         stats.last_commit_time_us = txn.commit_time
         if self._latency is not None:
             self._latency.handed(txn.end_lsn, txn.commit_time)
+            # a sink durable at commit (null) told its listener before the handing was known
+            self._latency.durable(min(sink.durable_lsn() for sink in self.sinks))
 
     def _count(self, events: int) -> None:
         """Per table and op counters (logical messages count under ``_messages``), as the
