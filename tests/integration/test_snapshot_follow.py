@@ -84,17 +84,23 @@ def test_progress_bar_on_a_terminal_and_lines_off_it(pg_db: PgDatabase, tmp_path
         assert "\r" in drawn
         assert _state(tmp_path)["public.t"]["status"] == "done"
 
-        # off a terminal: --follow prints plain lines
+        # off a terminal: --follow prints plain lines. Four times the rows, so that the
+        # snapshot runs for several of the follower's polls (0.5 s): 30,000 rows took less
+        # than a second once small publications ran on the event loop
+        pg_db.execute(
+            f"INSERT INTO t SELECT g, repeat('v', 50) || g, 0 "
+            f"FROM generate_series({ROWS} + 1, {4 * ROWS}) g; ANALYZE t"
+        )
         plain = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.t", "--follow")
         lines = plain.stdout.splitlines()
         assert lines[0].startswith("requested a snapshot of public.t (signal at ")
         assert "\r" not in plain.stdout and "|" not in plain.stdout
         assert re.fullmatch(
-            r"public\.t  done  30,000 / 30,000 rows  100%  [\d,]+ rows/s  ETA 0s", lines[-1]
+            r"public\.t  done  120,000 / 120,000 rows  100%  [\d,]+ rows/s  ETA 0s", lines[-1]
         ), lines
         waiting = "waiting for the daemon to take the request (is it running?)"
         assert all(x.startswith("public.t  ") or x == waiting for x in lines[1:]), lines
-        assert any(re.search(r"public\.t  running .* rows/s  ETA \d+s$", x) for x in lines)
+        assert any(re.search(r"public\.t  running .* rows/s  ETA \d+s$", x) for x in lines), lines
         status = run_cdcd("snapshot", "status", "--config", str(cfg), "--follow").stdout
         assert status == "no incremental snapshot running\n"
     finally:
