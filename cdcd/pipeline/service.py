@@ -179,13 +179,12 @@ class Pipeline:
             sinks = self.sinks
             latency_log = self._latency
 
-            def durable() -> None:
-                latency_log.durable(min(s.durable_lsn() for s in sinks))
+            def lowest() -> int:
+                return min(s.durable_lsn() for s in sinks)
 
             for sink in sinks:
-                sink.durable_listener = durable
-            latency = latency_log.watch(lambda: min(s.durable_lsn() for s in sinks))
-            tasks.add(asyncio.create_task(latency, name="latency"))
+                sink.durable_listener = lambda: latency_log.durable(lowest())
+            tasks.add(asyncio.create_task(latency_log.watch(lowest), name="latency"))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
