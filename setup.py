@@ -4,11 +4,12 @@ All metadata lives in pyproject.toml; this file only adds the compiled extension
 and black ship mypyc builds (``mypyc.build.mypycify``, mypy in the build requirements). The
 module list is ``COMPILED_MODULES`` in ``cdcd/_purepy.py``, read here without importing cdcd;
 ``C_MODULES`` there are hand-written C extensions built the same way (same build records).
-Each module is compiled on its own (what it imports from other cdcd modules is called through
-Python), so that one module can fall back to its source without the others calling its old
-compiled code. Beside each extension goes a build record (``<extension>.build.json``) holding
-the SHA-256 of the source it was compiled from; at import, cdcd uses an extension only when its
-record matches the ``.py`` file next to it (see README "Compiled fast paths").
+The modules are compiled together, as one group (``COMPILED_GROUP``: one shared library in which
+they call each other natively, and a small extension per module). Beside each extension goes a
+build record (``<extension>.build.json``) holding the SHA-256 of the source it was compiled
+from; at import, cdcd uses the group only when every record matches the ``.py`` file next to it,
+and otherwise imports every module of the group from its source (see README "Compiled fast
+paths").
 
 Without a C compiler, the Python headers or mypy, or when mypyc fails, the build says so and
 installs the same modules as pure Python (same behaviour, slower). ``CDCD_PURE_PYTHON=1`` at
@@ -107,12 +108,16 @@ class BuildMypyc(build_ext):
 
         if Path.cwd().resolve() != ROOT:  # mypy reads its options from ROOT/pyproject.toml
             os.chdir(ROOT)
-        extensions: list[Extension] = []
-        for name in PUREPY.COMPILED_MODULES:
-            # one module per call: its own extension, no other module compiled into it
-            # (the [tool.mypy] overrides for the modules not compiled in this call are unused)
-            paths = ["--no-warn-unused-configs", PUREPY.source_path(name)]
-            extensions += mypycify(paths, opt_level="3")
+        # one group: a shared library (cdcd/compiled__mypyc) holding every module's code, in
+        # which the modules call each other's functions and read each other's classes natively,
+        # and a small extension per module that loads it
+        paths = [
+            "--no-warn-unused-configs",
+            *(PUREPY.source_path(name) for name in PUREPY.COMPILED_MODULES),
+        ]
+        extensions: list[Extension] = mypycify(
+            paths, opt_level="3", group_name=PUREPY.COMPILED_GROUP
+        )
         for name in PUREPY.C_MODULES:  # hand-written C: compiled as it is
             extensions.append(Extension(name, [PUREPY.source_path(name)]))
         return extensions

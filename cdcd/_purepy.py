@@ -7,15 +7,21 @@ finder installed by ``cdcd/__init__.py`` (:func:`install_import_finder`) then de
 module:
 
 - ``CDCD_PURE_PYTHON=1``: the source, always;
-- an extension whose record matches the ``.py`` file beside it: the extension;
+- an extension whose record matches the ``.py`` file beside it: the extension, provided every
+  other module of the group is compiled and current too (below);
 - an extension whose source has changed since it was built (or that has no record): the source,
   with a :class:`StaleExtensionWarning` — a compiled module never runs code other than its
   source says;
 - no extension: the source.
 
-Each module is compiled on its own, so one module running from source leaves no compiled copy of
-it in use by the others. Kept apart from :mod:`cdcd.accel` and free of cdcd imports, so that
-``cdcd/__init__.py`` and ``setup.py`` can load it with nothing but the standard library.
+The modules are compiled together, as one group (:data:`COMPILED_GROUP`): one shared library
+holds the code of all of them, in which they call each other's functions and read each other's
+classes natively, not through Python, and each module's extension only loads its part. So a
+compiled module would go on calling the compiled code of a module whose source has changed: when
+any module of the group cannot run compiled (stale, no extension, no shared library), every
+module of the group runs from its source, and the warning names the module that changed. Kept
+apart from :mod:`cdcd.accel` and free of cdcd imports, so that ``cdcd/__init__.py`` and
+``setup.py`` can load it with nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-#: Modules written for mypyc (dotted names), compiled one by one. The only list of them.
+#: Modules written for mypyc (dotted names), compiled together. The only list of them.
 COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.wire.framing",
     "cdcd.decoder.tuples",
@@ -57,6 +63,9 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.sinks.kafka_recordbatch",
     "cdcd.sinks.kafka_batches",
 )
+
+#: The mypyc group of COMPILED_MODULES: its shared library is ``cdcd/compiled__mypyc.<suffix>``.
+COMPILED_GROUP = "cdcd.compiled"
 
 #: Hand-written C extensions (dotted names; the source is ``<leaf>.c``), for what neither a
 #: library nor mypyc does fast enough. They have no Python form: where one is not compiled (or
@@ -146,6 +155,53 @@ def examine(name: str, directory: Path) -> Form | None:
     return Form("compiled", extension)
 
 
+def group_library(package_dir: Path) -> Path | None:
+    """The shared library of :data:`COMPILED_GROUP` in the package directory ``package_dir``
+    (the one holding ``cdcd/``'s files), or None when it is not there."""
+    leaf = COMPILED_GROUP.rpartition(".")[2]
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = package_dir / f"{leaf}__mypyc{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def examine_group(package_dir: Path) -> str:
+    """Why the group of :data:`COMPILED_MODULES` in ``package_dir`` cannot run compiled ("" when
+    it can: its shared library is there, and every module's extension is current)."""
+    if group_library(package_dir) is None:
+        leaf = COMPILED_GROUP.rpartition(".")[2]
+        return f"the compiled modules' shared library ({leaf}__mypyc) is missing in {package_dir}"
+    for name in COMPILED_MODULES:
+        directory = package_dir.joinpath(*name.split(".")[1:-1])
+        form = examine(name, directory)
+        if form is None or form.kind != "compiled":
+            reason = form.reason if form is not None else f"{name} is missing"
+            return f"{reason}; the compiled modules are one group, so all run from source"
+    return ""
+
+
+def _package_dir(fullname: str, directory: Path) -> Path:
+    """The directory of the ``cdcd`` package, from module ``fullname``'s ``directory``."""
+    for _ in range(fullname.count(".") - 1):
+        directory = directory.parent
+    return directory.resolve()
+
+
+#: examine_group's answer per package directory, found once per process.
+_GROUP_STATE: dict[Path, str] = {}
+
+
+def _group_problem(package_dir: Path) -> str:
+    problem = _GROUP_STATE.get(package_dir)
+    if problem is None:
+        problem = _GROUP_STATE[package_dir] = examine_group(package_dir)
+    return problem
+
+
+#: The reasons a StaleExtensionWarning was given for (each one once).
+_WARNED: set[str] = set()
+
 #: The form each compiled-capable module was imported in, by the finder.
 IMPORTED: dict[str, Form] = {}
 
@@ -166,6 +222,10 @@ class _Finder(importlib.abc.MetaPathFinder):
             if pure_python_requested() and form.kind != "pure":
                 source = Path(entry) / f"{fullname.rpartition('.')[2]}{source_suffix(fullname)}"
                 form = Form("pure", source, f"{PURE_ENV} is set")
+            elif form.kind != "pure" and not c_module:
+                problem = _group_problem(_package_dir(fullname, Path(entry)))
+                if problem:  # a module of the group cannot run compiled: none of them does
+                    form = Form("stale", form.path, problem)
             IMPORTED[fullname] = form
             if c_module and form.kind != "compiled":
                 if form.kind == "stale":
@@ -183,13 +243,15 @@ class _Finder(importlib.abc.MetaPathFinder):
                 loader = importlib.machinery.ExtensionFileLoader(fullname, str(form.path))
                 return importlib.util.spec_from_file_location(fullname, form.path, loader=loader)
             if form.kind == "stale":
-                warnings.warn(
-                    f"cdcd: {form.reason}; importing {fullname} from its source instead (same "
-                    "behaviour, slower). Rebuild the compiled modules with `pip install` "
-                    "(`python -m cdcd.accel build` in a checkout).",
-                    StaleExtensionWarning,
-                    stacklevel=2,
-                )
+                if form.reason not in _WARNED:  # once for the group, not once per module
+                    _WARNED.add(form.reason)
+                    warnings.warn(
+                        f"cdcd: {form.reason}; importing {fullname} from its source instead "
+                        "(same behaviour, slower). Rebuild the compiled modules with `pip "
+                        "install` (`python -m cdcd.accel build` in a checkout).",
+                        StaleExtensionWarning,
+                        stacklevel=2,
+                    )
                 form = Form("pure", Path(entry) / f"{fullname.rpartition('.')[2]}.py")
             return importlib.util.spec_from_file_location(fullname, form.path)
         return None

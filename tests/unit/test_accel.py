@@ -173,27 +173,57 @@ def test_an_extension_not_built_from_this_source_is_ignored(tmp_path: Path, reco
     assert line.startswith("stale, running the source"), line
     reason = "has no build record" if record == "missing" else "tuples.py changed since"
     assert reason in line
+    status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
+    others = [status[name] for name in accel.COMPILED_MODULES if name != "cdcd.decoder.tuples"]
+    assert all(line.startswith("stale, running the source") and reason in line for line in others)
 
 
 def test_an_edited_source_runs_instead_of_its_compiled_module(tmp_path: Path) -> None:
-    """The developer's case: a compiled module's source edited after the build."""
+    """The developer's case: a compiled module's source edited after the build. The modules are
+    compiled as one group, calling each other natively, so the others run from source too:
+    otherwise the compiled decoder would go on calling the old compiled parse_tuple."""
     if not accel.status()["cdcd.decoder.tuples"]:
         pytest.skip("cdcd.decoder.tuples is not compiled here")
     root = package_copy(tmp_path)
     source = root / "cdcd" / "decoder" / "tuples.py"
-    source.write_text(source.read_text() + "\n\ndef edited() -> str:\n    return 'edited'\n")
-    probe = "import cdcd.decoder.tuples as t, cdcd.decoder.events as e; "
-    probe += "print(t.edited(), t.__file__, e.__file__)"
+    source.write_text(
+        source.read_text().replace(
+            "    return bytes(kinds), tuple(values), pos", "    return b'edited', (), pos"
+        )
+    )
+    probe = (
+        "import cdcd.decoder.tuples as t, cdcd.decoder.pgoutput as p, cdcd.decoder.events as e; "
+    )
+    probe += "msg = b'I' + bytes([0, 0, 0, 1]) + b'N' + bytes([0, 1]) + b'n'; "
+    probe += "print(p.PgOutputDecoder(1).decode(msg, 0).new.kinds, t.__file__, e.__file__)"
     done = run_in(root, "-c", probe)
     assert done.returncode == 0, done.stderr
-    said, tuples_file, events_file = done.stdout.split()
-    assert said == "edited" and tuples_file == str(source)
-    assert not events_file.endswith(".py")  # the unchanged modules stay compiled
-    assert "StaleExtensionWarning" in done.stderr
+    kinds, tuples_file, events_file = done.stdout.split()
+    assert kinds == "b'edited'"  # the decoder calls the edited source
+    assert tuples_file == str(source)
+    assert events_file.endswith(".py")  # the whole group runs from source
+    assert done.stderr.count("StaleExtensionWarning") == 1, done.stderr
     assert f"{source} changed since tuples." in done.stderr
     status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
     assert status["cdcd.decoder.tuples"].startswith("stale, running the source")
-    assert status["cdcd.decoder.events"].startswith("compiled (")
+    assert status["cdcd.decoder.events"].startswith("stale, running the source")
+    assert "one group, so all run from source" in status["cdcd.decoder.events"]
+    assert status["cdcd._rowjson"].startswith("compiled (")  # hand-written C: on its own
+
+
+def test_the_group_without_its_shared_library_runs_from_source(tmp_path: Path) -> None:
+    if not accel.status()["cdcd.decoder.tuples"]:
+        pytest.skip("cdcd.decoder.tuples is not compiled here")
+    root = package_copy(tmp_path)
+    library = accel.group_library(root / "cdcd")
+    assert library is not None
+    library.unlink()
+    done = run_in(root, "-m", "cdcd.accel", "status", "--strict")
+    assert done.returncode == 1
+    lines = status_lines(done.stdout)
+    for name in accel.COMPILED_MODULES:
+        assert lines[name].startswith("stale, running the source"), lines[name]
+        assert "shared library (compiled__mypyc) is missing" in lines[name]
 
 
 def column(kind: bytes, value: bytes) -> bytes:
