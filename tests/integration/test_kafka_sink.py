@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Container, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,12 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
 
-from cdcd.assembler.transaction import Transaction
+from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.decoder.events import Column, Delete, Insert, Message, Relation, TupleData, Update
 from cdcd.errors import DefiniteSinkError
+from cdcd.events import ChangeEvent
+from cdcd.events.catalog import StaticCatalog
+from cdcd.events.encoder import Encoder
 from cdcd.sinks.base import SinkContext
 from cdcd.sinks.kafka import KafkaSink, KafkaSinkConfig
 from cdcd.sinks.registry import load_sink_class
@@ -26,112 +30,72 @@ from tests.kafkaharness import KafkaBroker
 pytestmark = pytest.mark.kafka
 
 
-@dataclass
-class Event:
-    """Stands in for cdcd.events.ChangeEvent: the attributes and methods the sink uses."""
-
-    op: str
-    schema: str | None
-    table: str | None
-    lsn: int
-    commit_lsn: int
-    seq: int
-    xid: int | None
-    commit_time: int = 0
-    row: dict[str, Any] | None = None
-    keyval: dict[str, Any] | None = None
-    message: dict[str, Any] | None = None
-    relation: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def position(self) -> tuple[int, int]:
-        return (self.commit_lsn, self.seq)
-
-    def key(self) -> dict[str, Any] | None:
-        if self.op == "m":
-            return {"prefix": (self.message or {})["prefix"]}
-        return self.keyval
-
-    def value(self) -> dict[str, Any]:
-        if self.op == "m":
-            return {"op": "m", "message": self.message, "source": {"commit_lsn": self.commit_lsn}}
-        before = self.row if self.op == "d" else None
-        after = None if self.op == "d" else self.row
-        return {
-            "before": before,
-            "after": after,
-            "op": self.op,
-            "source": {
-                "schema": self.schema,
-                "table": self.table,
-                "commit_lsn": self.commit_lsn,
-                "seq": self.seq,
-                "lsn": self.lsn,
-                "txId": self.xid,
-            },
-            **self.extra,
-        }
-
-    def key_json(self) -> bytes | None:
-        key = self.key()
-        return None if key is None else orjson.dumps(key)
-
-    def value_json(self) -> bytes:
-        return orjson.dumps(self.value())
-
-    def key_link(self, native: bool = False) -> tuple[str, dict[str, Any]] | None:
-        return None  # key changes: tests/integration/test_lossless_events.py
-
-
 class TxnBuilder:
-    """Builds consecutive transactions with increasing LSNs."""
+    """Builds consecutive transactions with increasing LSNs, and their real change events (the
+    encoder's, as the pipeline hands them to the sink). A change is ``(op, table, row)``: ``c``
+    insert, ``u`` update, ``d`` delete (the old key sent), ``m`` a logical message whose row
+    holds its ``prefix``. Every column is text but ``id`` and ``n`` (bigint); ``id`` is the key,
+    except for the changes whose index is in ``keyless`` (a table without one)."""
 
     def __init__(self) -> None:
         self.lsn = 0x1000
         self.xid = 700
+        self.encoder = Encoder(context("builder"), StaticCatalog())
+        self.relations: dict[tuple[str, tuple[str, ...], bool], Relation] = {}
+
+    def relation(self, table: str, names: tuple[str, ...], keyed: bool) -> Relation:
+        found = self.relations.get((table, names, keyed))
+        if found is None:
+            columns = tuple(
+                Column(int(keyed and name == "id"), name, 20 if name in ("id", "n") else 25, -1)
+                for name in names
+            )
+            oid = 16384 + len(self.relations)
+            found = Relation(None, oid, "public", table, "d" if keyed else "n", columns)
+            self.relations[(table, names, keyed)] = found
+        return found
 
     def next(
-        self, changes: list[tuple[str, str, dict[str, Any]]], *, big: int = 0
-    ) -> tuple[Transaction, list[Event]]:
+        self,
+        changes: list[tuple[str, str, dict[str, Any]]],
+        *,
+        big: int = 0,
+        keyless: Container[int] = (),
+    ) -> tuple[Transaction, list[ChangeEvent]]:
         self.xid += 1
         start = self.lsn
         commit_lsn = start + 16 * (len(changes) + 1)
         end_lsn = commit_lsn + 8
         self.lsn = end_lsn + 8
-        events = []
+        records = []
         for seq, (op, table, row) in enumerate(changes):
+            lsn = start + 16 * seq
             if op == "m":
-                events.append(
-                    Event(
-                        "m",
-                        None,
-                        None,
-                        start + 16 * seq,
-                        commit_lsn,
-                        seq,
-                        self.xid,
-                        message={"prefix": row["prefix"], "content": "aGk="},
-                    )
-                )
+                message = Message(self.xid, True, lsn, row["prefix"], b"hi")
+                records.append(ChangeRecord(lsn, message, ()))
                 continue
             if big:
                 row = {**row, "blob": "x" * big}
-            events.append(
-                Event(
-                    op,
-                    "public",
-                    table,
-                    start + 16 * seq,
-                    commit_lsn,
-                    seq,
-                    self.xid,
-                    row=row,
-                    keyval={"id": row["id"]},
-                )
-            )
-        txn = Transaction("regular", self.xid, commit_lsn, end_lsn, 0, len(events))
-        return txn, events
+            rel = self.relation(table, tuple(row), seq not in keyless)
+            new = tuple_of(row.values())
+            change: Insert | Update | Delete
+            if op == "c":
+                change = Insert(None, rel.oid, new)
+            elif op == "u":
+                change = Update(None, rel.oid, None, None, new)
+            else:  # the old key, the other columns null (pgoutput's K image)
+                old = tuple_of(v if name == "id" else None for name, v in row.items())
+                change = Delete(None, rel.oid, "K", old)
+            records.append(ChangeRecord(lsn, change, (rel,)))
+        txn = Transaction("regular", self.xid, commit_lsn, end_lsn, 0, len(records))
+        txn._records = records
+        return txn, list(self.encoder.events(txn))
+
+
+def tuple_of(values: Iterable[Any]) -> TupleData:
+    """A row as pgoutput sends it: each value as text, None as null."""
+    texts = [None if v is None else str(v).encode() for v in values]
+    return TupleData(bytes(b"n"[0] if t is None else b"t"[0] for t in texts), tuple(texts))
 
 
 def context(name: str) -> SinkContext:
@@ -144,7 +108,7 @@ def make_sink(broker: KafkaBroker, name: str, **options: Any) -> KafkaSink:
     return KafkaSink(config, context(name))
 
 
-async def run_txn(sink: KafkaSink, txn: Transaction, events: list[Event]) -> None:
+async def run_txn(sink: KafkaSink, txn: Transaction, events: list[ChangeEvent]) -> None:
     await sink.begin(txn)
     await sink.write(events)
     await sink.commit(txn)
@@ -268,14 +232,14 @@ async def test_per_key_order_across_partitions(kafka_broker: KafkaBroker, runs: 
     build = TxnBuilder()
     keys = 12
     written: dict[int, list[tuple[int, int]]] = {k: [] for k in range(keys)}
-    run: list[tuple[Transaction, list[list[Event]]]] = []
+    run: list[tuple[Transaction, list[list[ChangeEvent]]]] = []
     try:
         counter = itertools.count()
         for _ in range(60):
             changes = [("u", "hot", {"id": (next(counter) * 7) % keys, "n": i}) for i in range(5)]
             txn, events = build.next(changes)
             for e in events:
-                written[e.keyval["id"]].append(e.position)  # type: ignore[index]
+                written[(e.key() or {})["id"]].append(e.position)
             if not runs:
                 await run_txn(sink, txn, events)
                 continue
@@ -482,7 +446,9 @@ def positions_by_key(records: list[ConsumerRecord[bytes, bytes]]) -> dict[bytes,
     return seen
 
 
-async def write_all_durably(sink: KafkaSink, txns: list[tuple[Transaction, list[Event]]]) -> None:
+async def write_all_durably(
+    sink: KafkaSink, txns: list[tuple[Transaction, list[ChangeEvent]]]
+) -> None:
     """Start ``sink``, write ``txns``, flush: the last one is durable and nothing waits."""
     await sink.start()
     try:
@@ -524,9 +490,8 @@ async def test_partition_is_kafkas_default_for_the_key(kafka_broker: KafkaBroker
     name = unique_name()
     sink = make_sink(kafka_broker, name, partitions=5, max_batch_size=2048)
     changes = [("c", "orders", {"id": i, "name": f"n{i}"}) for i in range(200)]
-    txn, events = TxnBuilder().next(changes)
-    for e in events[100:]:
-        e.keyval = None
+    txn, events = TxnBuilder().next(changes, keyless=range(100, 200))
+    assert [e.key() is None for e in events] == [False] * 100 + [True] * 100
     await write_all_durably(sink, [(txn, events)])
     records = await consume(kafka_broker.bootstrap, [f"{name}.public.orders"], 200)
     assert len(records) == 200
