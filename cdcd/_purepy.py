@@ -62,6 +62,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.sinks.kafka_partition",
     "cdcd.sinks.kafka_recordbatch",
     "cdcd.sinks.kafka_batches",
+    "cdcd.sinks.parquet_columns",
 )
 
 #: The mypyc group of COMPILED_MODULES: its shared library is ``cdcd/compiled__mypyc.<suffix>``.

@@ -255,11 +255,50 @@ _PRESENT = functools.partial(operator.is_not, None)  # t is not None
 
 def _raw_parts(events: Sequence[ChangeEvent]) -> tuple[list[Any], ...]:
     """Per event: its transaction info, table info, before, after and TOAST fill images,
-    truncate flags, snapshot marker, previous LSN and data-collection order. The encoder's raw
-    parts, before any conversion: the one place that reads ChangeEvent internals."""
-    names = ("_txn", "_rel", "_before_tup", "_after_tup", "_fill_tup", "_extra", "_snapshot")
-    return tuple(
-        list(map(operator.attrgetter(name), events)) for name in (*names, "_prev_lsn", "_dco")
+    truncate flags, snapshot marker, previous LSN, data-collection order, op, seq, LSN and
+    processing time. The encoder's raw parts, before any conversion: the one place that reads
+    ChangeEvent internals (one pass; compiled, each a field read)."""
+    txns: list[Any] = []
+    rels: list[Any] = []
+    befores: list[Any] = []
+    afters: list[Any] = []
+    fills: list[Any] = []
+    extras: list[Any] = []
+    snapshots: list[Any] = []
+    prevs: list[Any] = []
+    dcos: list[Any] = []
+    ops: list[Any] = []
+    seqs: list[Any] = []
+    lsns: list[Any] = []
+    ts_ms: list[Any] = []
+    for event in events:
+        txns.append(event._txn)
+        rels.append(event._rel)
+        befores.append(event._before_tup)
+        afters.append(event._after_tup)
+        fills.append(event._fill_tup)
+        extras.append(event._extra)
+        snapshots.append(event._snapshot)
+        prevs.append(event._prev_lsn)
+        dcos.append(event._dco)
+        ops.append(event.op)
+        seqs.append(event.seq)
+        lsns.append(event.lsn)
+        ts_ms.append(event.ts_ms)
+    return (
+        txns,
+        rels,
+        befores,
+        afters,
+        fills,
+        extras,
+        snapshots,
+        prevs,
+        dcos,
+        ops,
+        seqs,
+        lsns,
+        ts_ms,
     )
 
 
@@ -361,10 +400,9 @@ class ColumnBuilder:
 
     def _batch(self, events: Sequence[ChangeEvent]) -> pa.RecordBatch:
         n = len(events)
-        txns, rels, befores, afters, fills, extras, snapshots, prevs, dcos = _raw_parts(events)
-        ops, seqs, lsns, ts_ms = (
-            list(map(operator.attrgetter(name), events)) for name in ("op", "seq", "lsn", "ts_ms")
-        )
+        parts = _raw_parts(events)
+        txns, rels, befores, afters, fills, extras, snapshots, prevs, dcos = parts[:9]
+        ops, seqs, lsns, ts_ms = parts[9:]
         sidecar: dict[int, list[tuple[str, str]]] = {}
 
         unchanged: list[list[str] | None] = [None] * n
