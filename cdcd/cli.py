@@ -203,6 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cdcd`` console script; returns the exit code."""
+    # numpy, which pyarrow imports for the Parquet sink, starts an OpenBLAS thread per core,
+    # and those threads spin on the CPU for a while after numpy (and pandas, when installed)
+    # load: 60-100 ms of the cores PostgreSQL's walsender needs, in every process. cdcd does no
+    # linear algebra; a user's own setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
