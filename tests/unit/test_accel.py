@@ -17,6 +17,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 
 import cdcd.decoder.tuples as tuples
 from cdcd import accel
-from cdcd._purepy import examine
+from cdcd._purepy import c_function, examine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -188,7 +189,8 @@ def test_an_edited_source_runs_instead_of_its_compiled_module(tmp_path: Path) ->
     source = root / "cdcd" / "decoder" / "tuples.py"
     source.write_text(
         source.read_text().replace(
-            "    return bytes(kinds), tuple(values), pos", "    return b'edited', (), pos"
+            "    fast = _C_PARSE_TUPLE\n",
+            "    return b'edited', *parse_tuple_python(buf, pos)[1:]\n    fast = _C_PARSE_TUPLE\n",
         )
     )
     probe = (
@@ -237,9 +239,9 @@ columns = st.lists(
 )
 
 
-def outcome(module: ModuleType, buf: bytes, pos: int) -> object:
+def outcome(parse: Callable[[bytes, int], object], buf: bytes, pos: int) -> object:
     try:
-        return module.parse_tuple(buf, pos)
+        return parse(buf, pos)
     except tuples.BadKind as exc:  # compiled and source classes differ: compare the fields
         return ("BadKind", exc.column, exc.ncols, exc.kind)
     except PURE_TUPLES.BadKind as exc:
@@ -248,15 +250,41 @@ def outcome(module: ModuleType, buf: bytes, pos: int) -> object:
         return "IndexError"
 
 
+C_PARSE_TUPLE = c_function("cdcd._rowjson", "parse_tuple")
+
+
 @settings(max_examples=300, deadline=None)
-@given(cols=columns, prefix=st.binary(max_size=5), cut=st.integers(0, 30), junk=st.binary())
-def test_parse_tuple_compiled_equals_source(
-    cols: list[tuple[bytes, bytes]], prefix: bytes, cut: int, junk: bytes
+@given(
+    cols=columns,
+    prefix=st.binary(max_size=5),
+    cut=st.integers(0, 30),
+    junk=st.binary(),
+    bad=st.sampled_from([b"", b"x", b"\x00", b"t\xff\xff\xff\xff"]),
+)
+def test_parse_tuple_compiled_and_c_equal_source(
+    cols: list[tuple[bytes, bytes]], prefix: bytes, cut: int, junk: bytes, bad: bytes
 ) -> None:
-    body = struct.pack("!H", len(cols)) + b"".join(column(k, v) for k, v in cols)
-    for buf in (prefix + body, prefix + body + junk, (prefix + body)[: len(prefix) + cut]):
-        assert outcome(tuples, buf, len(prefix)) == outcome(PURE_TUPLES, buf, len(prefix))
-    kinds, values, end = PURE_TUPLES.parse_tuple(prefix + body, len(prefix))
+    """The source's Python loop is the reference: the compiled module (which takes the C
+    function where it is in use) gives the same result or error on any input, and the C
+    function the same result, or None exactly where the loop raises or runs past the end."""
+    body = struct.pack("!H", len(cols) + (1 if bad else 0)) + b"".join(
+        column(k, v) for k, v in cols
+    )
+    inputs = [prefix + body, prefix + body + junk, (prefix + body)[: len(prefix) + cut]]
+    if bad:  # an unknown kind, or a length running past the end, after the good columns
+        inputs.append(prefix + body + bad + junk)
+    for buf in inputs:
+        pos = len(prefix)
+        expected = outcome(PURE_TUPLES.parse_tuple_python, buf, pos)
+        assert outcome(tuples.parse_tuple, buf, pos) == expected
+        assert outcome(tuples.parse_tuple_python, buf, pos) == expected
+        if C_PARSE_TUPLE is not None:
+            parsed = isinstance(expected, tuple) and isinstance(expected[0], bytes)
+            fine = parsed and expected[2] <= len(buf)  # type: ignore[index]
+            assert C_PARSE_TUPLE(buf, pos) == (expected if fine else None)
+    if bad:
+        return
+    kinds, values, end = PURE_TUPLES.parse_tuple_python(prefix + body, len(prefix))
     assert end == len(prefix + body)
     assert kinds == b"".join(k for k, _ in cols)
     assert values == tuple(v if k in (b"t", b"b") else None for k, v in cols)
@@ -274,6 +302,8 @@ def test_build_tuple_refuses_a_text_column_without_value() -> None:
 
 def test_unknown_kind_is_reported_with_its_column() -> None:
     buf = struct.pack("!H", 3) + column(b"t", b"1") + b"n" + b"x"
+    if C_PARSE_TUPLE is not None:
+        assert C_PARSE_TUPLE(buf, 0) is None  # declined: the Python loop says what is wrong
     for module in (tuples, PURE_TUPLES):
         with pytest.raises(module.BadKind) as info:
             module.parse_tuple(buf, 0)
