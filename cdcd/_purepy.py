@@ -170,15 +170,20 @@ def group_library(package_dir: Path) -> Path | None:
 def examine_group(package_dir: Path) -> str:
     """Why the group of :data:`COMPILED_MODULES` in ``package_dir`` cannot run compiled ("" when
     it can: its shared library is there, and every module's extension is current)."""
+    forms = [
+        (name, examine(name, package_dir.joinpath(*name.split(".")[1:-1])))
+        for name in COMPILED_MODULES
+    ]
+    group = "the compiled modules are one group, so all run from source"
+    for _, form in forms:  # the most telling first: an extension not built from its source
+        if form is not None and form.kind == "stale":
+            return f"{form.reason}; {group}"
     if group_library(package_dir) is None:
         leaf = COMPILED_GROUP.rpartition(".")[2]
         return f"the compiled modules' shared library ({leaf}__mypyc) is missing in {package_dir}"
-    for name in COMPILED_MODULES:
-        directory = package_dir.joinpath(*name.split(".")[1:-1])
-        form = examine(name, directory)
+    for name, form in forms:
         if form is None or form.kind != "compiled":
-            reason = form.reason if form is not None else f"{name} is missing"
-            return f"{reason}; the compiled modules are one group, so all run from source"
+            return f"{name} has no compiled extension; {group}"
     return ""
 
 

@@ -46,7 +46,7 @@ import functools
 import operator
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import pyarrow as pa
@@ -59,7 +59,22 @@ from cdcd.values.types import UNCHANGED_TOAST, TypeRegistry
 
 if TYPE_CHECKING:
     from cdcd.events import ChangeEvent
-    from cdcd.sinks.parquet import RowLayout
+
+
+class Layout(Protocol):
+    """What the builder reads of :class:`cdcd.sinks.parquet.RowLayout` (a protocol, so that
+    compiling this module does not type-check the file sink and its pydantic models, which the
+    package build's environment does not have)."""
+
+    columns: tuple[Any, ...]
+    key_names: tuple[str, ...]
+    row_type: pa.StructType
+    schema: pa.Schema
+
+    def batch(self, events: Sequence[ChangeEvent]) -> pa.RecordBatch: ...
+
+    def linked_key(self, event: ChangeEvent) -> tuple[str, Any] | None: ...
+
 
 Converter = Callable[[bytes], Any]
 Fits = Callable[[Any], bool]
@@ -371,7 +386,7 @@ def _shared_fields(keys: list[tuple[Any, Any, str]]) -> dict[str, list[Any]]:
 class ColumnBuilder:
     """Events of one table → a record batch of ``layout.schema`` (see the module docstring)."""
 
-    def __init__(self, layout: RowLayout, registry: TypeRegistry) -> None:
+    def __init__(self, layout: Layout, registry: TypeRegistry) -> None:
         self.layout = layout
         self.plans = tuple(
             _ColumnPlan(

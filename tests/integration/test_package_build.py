@@ -38,8 +38,15 @@ def source_copy(tmp_path: Path) -> Path:
 
 
 def build_wheel(src: Path, out: Path, **env: str) -> tuple[Path, str]:
+    """``pip wheel`` from a fresh virtualenv, as on a new machine or in the Dockerfile: none of
+    cdcd's dependencies (pydantic, pyarrow, ...) is installed where mypyc type-checks the
+    modules it compiles (a compiled module reaching one through its imports failed the build
+    there, and fell back to pure Python, while builds in this test's environment compiled)."""
+    builder = out.parent / "build-venv"
+    venv.create(builder, with_pip=True)
+    python = builder / "bin" / "python"
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(src)],
+        [python, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(src)],
         env=os.environ | env,
         capture_output=True,
         text=True,

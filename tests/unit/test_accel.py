@@ -174,9 +174,12 @@ def test_an_extension_not_built_from_this_source_is_ignored(tmp_path: Path, reco
     assert line.startswith("stale, running the source"), line
     reason = "has no build record" if record == "missing" else "tuples.py changed since"
     assert reason in line
-    status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
-    others = [status[name] for name in accel.COMPILED_MODULES if name != "cdcd.decoder.tuples"]
-    assert all(line.startswith("stale, running the source") and reason in line for line in others)
+    if all(accel.status().values()):  # a compiled group: its other modules run their sources
+        status = status_lines(run_in(root, "-m", "cdcd.accel", "status").stdout)
+        others = [status[n] for n in accel.COMPILED_MODULES if n != "cdcd.decoder.tuples"]
+        assert all(
+            line.startswith("stale, running the source") and reason in line for line in others
+        )
 
 
 def test_an_edited_source_runs_instead_of_its_compiled_module(tmp_path: Path) -> None:
