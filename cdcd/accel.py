@@ -11,10 +11,10 @@ very same source runs as Python: the compiled form is only a speed-up, never a d
 behaviour, and the tests run both ways.
 
 A compiled module whose source changed after it was built is not used, nor are the other
-modules of the group: cdcd imports their sources and warns (:mod:`cdcd._purepy`). ``CDCD_PURE_PYTHON=1`` makes cdcd import the ``.py`` sources
-even where compiled modules exist. ``python -m cdcd.accel status`` says which form each module
-has in this process; in a checkout ``build`` recompiles in place and ``clean`` goes back to
-pure Python.
+modules of the group: cdcd imports their sources and warns (:mod:`cdcd._purepy`).
+``CDCD_PURE_PYTHON=1`` makes cdcd import the ``.py`` sources even where compiled modules
+exist. ``python -m cdcd.accel status`` says which form each module has in this process; in a
+checkout ``build`` recompiles in place and ``clean`` goes back to pure Python.
 """
 
 from __future__ import annotations
