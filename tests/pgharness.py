@@ -71,6 +71,8 @@ HOST = "127.0.0.1"
 _SETTINGS_FILE = "cdcd_harness.conf"
 _OWNER_FILE = "cdcd-owner"
 _START_TIMEOUT = 60
+#: Server-side limits on the harness's own SQL (never cdcd's): well inside pytest's timeout.
+SQL_TIMEOUTS = "-c lock_timeout=120s -c statement_timeout=500s"
 
 
 # --------------------------------------------------------------------------- installations
@@ -671,15 +673,21 @@ class PgCluster:
 
     @contextlib.contextmanager
     def connect(self, dbname: str = "postgres", **kwargs: Any) -> Iterator[Any]:
-        """A psycopg2 autocommit connection as superuser over the Unix socket."""
+        """A psycopg2 autocommit connection as superuser over the Unix socket.
+
+        Its statements give up after :data:`SQL_TIMEOUTS`: psycopg2 waits for the server in C,
+        where pytest-timeout's signal cannot interrupt it, so a statement blocked for good (a
+        lock held by a cdcd the test stopped) would hang the whole run."""
         import psycopg2
 
+        options = f"{SQL_TIMEOUTS} {kwargs.pop('options', '')}".strip()
         conn = psycopg2.connect(
             host=str(self._sock_dir),
             port=self._port,
             user=SUPERUSER,
             dbname=dbname,
             connect_timeout=30,
+            options=options,
             **kwargs,
         )
         try:

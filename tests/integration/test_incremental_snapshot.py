@@ -324,6 +324,24 @@ def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> 
     assert max(reads.values()) <= 1 + kills and again <= kills * 5 * 100, (again, kills)
 
 
+def _change_while_stopped(proc: Any, pg_db: PgDatabase, ddl: str) -> None:
+    """Run ``ddl`` while cdcd is stopped (SIGSTOP). Stopped in the middle of a chunk, cdcd holds
+    the chunk's ACCESS SHARE lock and the DDL would wait for it for good: then it gives up
+    (lock_timeout, all of it rolled back as one statement), cdcd goes on a moment, and it is
+    tried again."""
+    for _ in range(100):
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            pg_db.execute(f"SET lock_timeout = '500ms'; {ddl}")
+            return
+        except psycopg2.errors.LockNotAvailable:
+            pass
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        time.sleep(random.uniform(0.01, 0.1))
+    raise AssertionError(f"cdcd always held a lock that {ddl!r} needs")
+
+
 def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_path: Path) -> None:
     rows = 30000
     pg_db.execute(
@@ -338,11 +356,9 @@ def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_p
         _wait(lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 1000, 60, "t", proc)
         # held while the tables change, so that chunks are read after the change: the state
         # counts rows once they are durable, and the reading can be far ahead by then
-        proc.send_signal(signal.SIGSTOP)
-        try:
-            pg_db.execute("ALTER TABLE t ADD COLUMN extra int NOT NULL DEFAULT 7; DROP TABLE u")
-        finally:
-            proc.send_signal(signal.SIGCONT)
+        _change_while_stopped(
+            proc, pg_db, "ALTER TABLE t ADD COLUMN extra int NOT NULL DEFAULT 7; DROP TABLE u"
+        )
         _wait(
             lambda: _state(tmp_path).get("public.u", {}).get("status") == "removed",
             60,
