@@ -6,13 +6,14 @@ advancing while the snapshot runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -325,11 +326,12 @@ def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> 
 
 
 def _change_while_stopped(proc: Any, pg_db: PgDatabase, ddl: str) -> None:
-    """Run ``ddl`` while cdcd is stopped (SIGSTOP). Stopped in the middle of a chunk, cdcd holds
-    the chunk's ACCESS SHARE lock and the DDL would wait for it for good: then it gives up
-    (lock_timeout, all of it rolled back as one statement), cdcd goes on a moment, and it is
-    tried again."""
-    for _ in range(100):
+    """Run ``ddl`` while cdcd is stopped (SIGSTOP), so that the snapshot cannot end meanwhile
+    (it reads far faster than a test can look). Stopped in the middle of a chunk, cdcd holds
+    the chunk's ACCESS SHARE lock and DDL that needs a stronger one would wait for it for good:
+    then it gives up (lock_timeout, all of it rolled back as one statement), cdcd goes on for
+    a moment, and it is tried again."""
+    for _ in range(200):
         proc.send_signal(signal.SIGSTOP)
         try:
             pg_db.execute(f"SET lock_timeout = '500ms'; {ddl}")
@@ -338,8 +340,32 @@ def _change_while_stopped(proc: Any, pg_db: PgDatabase, ddl: str) -> None:
             pass
         finally:
             proc.send_signal(signal.SIGCONT)
-        time.sleep(random.uniform(0.01, 0.1))
+        time.sleep(random.uniform(0.002, 0.02))
     raise AssertionError(f"cdcd always held a lock that {ddl!r} needs")
+
+
+@contextlib.contextmanager
+def throttled(proc: Any, seconds: float) -> Iterator[None]:
+    """For ``seconds`` (or until the block ends), cdcd runs 20 ms in every 200 (SIGSTOP,
+    SIGCONT): a snapshot goes on, slowly enough to be watched on any machine."""
+    done = threading.Event()
+
+    def pulse() -> None:
+        deadline = time.monotonic() + seconds
+        while not done.is_set() and time.monotonic() < deadline:
+            proc.send_signal(signal.SIGSTOP)
+            done.wait(0.18)
+            proc.send_signal(signal.SIGCONT)
+            done.wait(0.02)
+
+    thread = threading.Thread(target=pulse, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        proc.send_signal(signal.SIGCONT)
 
 
 def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_path: Path) -> None:

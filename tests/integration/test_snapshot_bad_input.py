@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 
 import psycopg2
@@ -19,6 +20,7 @@ from tests.e2e import checked_events, run_cdcd, start_cdcd
 from tests.integration.test_incremental_snapshot import (
     LOG,
     Workload,
+    _change_while_stopped,
     _config,
     _finish,
     _log_lines,
@@ -132,9 +134,13 @@ def test_a_table_removed_from_the_publication_and_added_back(
     workloads[0].start()
     try:
         _wait(lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 1000, 60, "t", proc)
-        workloads[0].stop.set()
-        workloads[0].join()
-        pg_db.execute("ALTER PUBLICATION cdcd_e2e_pub DROP TABLE t")
+        proc.send_signal(signal.SIGSTOP)  # the snapshot must not end before the table leaves
+        try:
+            workloads[0].stop.set()
+            workloads[0].join()
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        _change_while_stopped(proc, pg_db, "ALTER PUBLICATION cdcd_e2e_pub DROP TABLE t")
         _wait(lambda: _state(tmp_path)["public.t"]["status"] == "removed", 60, "removed", proc)
         pg_db.execute("UPDATE t SET n = n + 100 WHERE id % 3 = 0")
         pg_db.execute("ALTER PUBLICATION cdcd_e2e_pub ADD TABLE t")
@@ -167,12 +173,14 @@ def test_column_types_changed_during_the_snapshot(pg_db: PgDatabase, tmp_path: P
     try:
         _wait(lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 2000, 60, "t", proc)
         # a column's type: later chunks carry the new type
-        pg_db.execute(
-            "ALTER TABLE t ALTER COLUMN n TYPE numeric(10,2); UPDATE t SET n = 0.5 WHERE id > 9000"
+        _change_while_stopped(
+            proc,
+            pg_db,
+            "ALTER TABLE t ALTER COLUMN n TYPE numeric(10,2); UPDATE t SET n = 0.5 WHERE id > 9000",
         )
         _wait(lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 5000, 60, "t", proc)
         # the key's type, to one that sorts differently ('10000' < '9'): started over
-        pg_db.execute("ALTER TABLE t ALTER COLUMN id TYPE text")
+        _change_while_stopped(proc, pg_db, "ALTER TABLE t ALTER COLUMN id TYPE text")
         _wait(lambda: _state(tmp_path)["public.t"]["status"] == "done", 90, "the snapshot", proc)
     finally:
         _stop(proc)

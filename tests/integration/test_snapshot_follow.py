@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import REPO, cdcd_cmd, run_cdcd, start_cdcd
-from tests.integration.test_incremental_snapshot import LOG, _config, _state, _stop, _streaming
+from tests.integration.test_incremental_snapshot import (
+    LOG,
+    _config,
+    _state,
+    _stop,
+    _streaming,
+    throttled,
+)
 from tests.pgharness import PgDatabase
 
 pytestmark = [pytest.mark.pg, pytest.mark.timeout(180)]
@@ -69,7 +76,9 @@ def test_progress_bar_on_a_terminal_and_lines_off_it(pg_db: PgDatabase, tmp_path
     proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
     try:
         _streaming(proc, tmp_path)
-        code, drawn = _on_a_terminal("snapshot", "--config", str(cfg), "--table", "public.t")
+        # slowed down for its first seconds: it took under a second at full speed
+        with throttled(proc, 4):
+            code, drawn = _on_a_terminal("snapshot", "--config", str(cfg), "--table", "public.t")
         assert code == 0, drawn
         assert "requested a snapshot of public.t" in drawn
         # tqdm's bar redrawn in place (carriage returns), ending full
@@ -84,14 +93,15 @@ def test_progress_bar_on_a_terminal_and_lines_off_it(pg_db: PgDatabase, tmp_path
         assert "\r" in drawn
         assert _state(tmp_path)["public.t"]["status"] == "done"
 
-        # off a terminal: --follow prints plain lines. Four times the rows, so that the
-        # snapshot runs for several of the follower's polls (0.5 s): 30,000 rows took less
-        # than a second once small publications ran on the event loop
+        # off a terminal: --follow prints plain lines, one when a table's status changes and
+        # one every 5 s while it runs. Four times the rows, slowed down for 8 s, so that it
+        # runs past the follower's second line
         pg_db.execute(
             f"INSERT INTO t SELECT g, repeat('v', 50) || g, 0 "
             f"FROM generate_series({ROWS} + 1, {4 * ROWS}) g; ANALYZE t"
         )
-        plain = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.t", "--follow")
+        with throttled(proc, 8):
+            plain = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.t", "--follow")
         lines = plain.stdout.splitlines()
         assert lines[0].startswith("requested a snapshot of public.t (signal at ")
         assert "\r" not in plain.stdout and "|" not in plain.stdout
