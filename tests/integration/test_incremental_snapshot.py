@@ -110,6 +110,23 @@ def _wait(predicate: Any, timeout: float, what: str, proc: Any = None) -> None:
         time.sleep(0.1)
 
 
+def _stopped_once(proc: Any, predicate: Any, timeout: float, what: str) -> None:
+    """Wait as :func:`_wait` does, but look only while cdcd is stopped (SIGSTOP), and return
+    with it still stopped: what the test does next comes before the snapshot can go on (and,
+    read far faster than a test can look, end)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc.send_signal(signal.SIGSTOP)
+        if predicate():
+            return
+        proc.send_signal(signal.SIGCONT)
+        if proc.poll() is not None:
+            raise AssertionError(f"cdcd exited ({proc.returncode}) waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
 def _source_rows(pg_db: PgDatabase) -> list[dict[str, Any]]:
     return comparable(
         {"id": i, "v": v, "n": n} for i, v, n in pg_db.fetch("SELECT id, v, n FROM t")
@@ -293,11 +310,11 @@ def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> 
     try:
         for fraction in (0.2, 0.5):
             proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
-            _wait(
+            _stopped_once(
+                proc,
                 lambda f=fraction: _state(tmp_path).get("public.t", {}).get("rows", 0) > rows * f,
                 90,
                 "progress",
-                proc,
             )
             proc.kill()
             proc.wait()
@@ -415,8 +432,13 @@ def test_server_restart_during_the_snapshot(
     LOG[:] = [tmp_path / "cdcd.log"]
     proc = start_cdcd("run", "--config", str(cfg), log_path=LOG[0])
     try:
-        _wait(lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 1000, 60, "t", proc)
-        db.cluster.restart("immediate")
+        _stopped_once(
+            proc, lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 1000, 60, "t"
+        )
+        try:  # cdcd held until the server is back, so that it cannot finish first
+            db.cluster.restart("immediate")
+        finally:
+            proc.send_signal(signal.SIGCONT)
         db.execute("UPDATE t SET n = 1 WHERE id % 10 = 0")
         _wait(
             lambda: _state(tmp_path).get("public.t", {}).get("status") == "done",
