@@ -27,6 +27,7 @@ from tests.integration.test_incremental_snapshot import (
     _source_rows,
     _state,
     _stop,
+    _stopped_once,
     _wait,
     apply_events_lenient,
     throttled,
@@ -134,8 +135,10 @@ def test_a_table_removed_from_the_publication_and_added_back(
     workloads = [Workload(pg_db.dsn, seed=5), Workload(pg_db.dsn, seed=6)]
     workloads[0].start()
     try:
-        _wait(lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 1000, 60, "t", proc)
-        proc.send_signal(signal.SIGSTOP)  # the snapshot must not end before the table leaves
+        # held from here: the snapshot must not end before the table leaves
+        _stopped_once(
+            proc, lambda: _state(tmp_path).get("public.t", {}).get("rows", 0) > 1000, 60, "t"
+        )
         try:
             workloads[0].stop.set()
             workloads[0].join()
