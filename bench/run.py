@@ -62,7 +62,8 @@ a JSON array), then a table. Keys: workload, contender, rows, seconds, rows_per_
 wal_mb_per_s, peak_rss_mb, ratio_vs_pg_recvlogical, ratio_vs_psycopg2_pypgoutput,
 server_version, plus cpu_seconds, cpu_us_per_row (the contender's CPU per row), runs_seconds,
 streaming, and where they apply p50_ms/p99_ms/max_ms,
-spilled_bytes, memory_limit_mb, and cdcd_commit / cdcd_dirty (the commit measured, and whether
+spilled_bytes, memory_limit_mb, rendered (streamed changes whose rows' JSON cdcd made as they
+arrived), and cdcd_commit / cdcd_dirty (the commit measured, and whether
 its ``cdcd/`` had uncommitted changes). ``rows`` counts row changes: the peer's count of I/U/D
 messages, cdcd's events (``CDCD_BENCH_STATS``), and for pg_recvlogical (which writes opaque
 bytes) the count the workload reports. A cdcd contender whose count differs from the workload's
@@ -529,6 +530,8 @@ def cdcd_result(setup: Setup, contender: str, work: Path, m: Measured) -> Result
     stats = orjson.loads((work / "stats.json").read_bytes())
     check_package(stats, setup.checkout, contender)
     extra: dict[str, Any] = {"socket_reads": stats.get("socket_reads")}
+    if stats.get("rendered_changes"):  # streamed rows made into JSON as they arrived
+        extra["rendered"] = stats["rendered_changes"]
     if setup.workload.memory_limit_mb is not None:
         extra["spilled_bytes"] = stats["spilled_bytes"]
         extra["memory_limit_mb"] = round(setup.workload.memory_limit_mb * max(setup.scale, 0.02), 1)
@@ -1043,6 +1046,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 "keeps_up",
                 "load_rows_per_s",
                 "spilled_bytes",
+                "rendered",
             )
             if k in r
         )

@@ -18,7 +18,8 @@ Two environment variables, read once when the pipeline starts:
 
 ``CDCD_BENCH_STATS=<file>``
     One JSON object written when the pipeline stops: events (also per op and per table),
-    transactions, received bytes and messages, spilled bytes, the process's peak RSS, and the
+    transactions, received bytes and messages, spilled bytes, changes rendered on arrival
+    (docs/assembler.md), the process's peak RSS, and the
     directory of the cdcd package that ran (``cdcd_package``: the harness checks that it ran the
     checkout it meant to measure).
 
@@ -105,6 +106,7 @@ def write_stats(stats: Stats, assembler: Any = None) -> None:
         "socket_reads": stats.socket_reads,
         "spilled_bytes": assembler.total_spilled_bytes if assembler is not None else 0,
         "spill_count": assembler.spill_count if assembler is not None else 0,
+        "rendered_changes": assembler.rendered if assembler is not None else 0,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cdcd_package": os.path.dirname(os.path.abspath(__file__)),
     }

@@ -151,6 +151,11 @@ class StatsCollector(Collector):
             "streamed transactions not yet committed or aborted",
             value=s.open_streams,
         )
+        yield CounterMetricFamily(
+            "cdcd_streamed_changes_rendered",
+            "changes of streamed transactions whose row JSON was made as they arrived",
+            value=s.rendered_changes,
+        )
         yield GaugeMetricFamily(
             "cdcd_held_prepared_transactions",
             "prepared transactions awaiting COMMIT/ROLLBACK PREPARED",

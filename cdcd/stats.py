@@ -114,6 +114,8 @@ class Stats:
     spilled_bytes: int = 0
     total_spilled_bytes: int = 0
     spill_count: int = 0
+    #: changes of streamed transactions whose row JSON was made as they arrived
+    rendered_changes: int = 0
     open_streams: int = 0
     held_prepared: int = 0
     #: bytes of committed transactions waiting for (or being written to) the sinks

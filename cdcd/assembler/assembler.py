@@ -23,6 +23,7 @@ from cdcd.assembler.spill import SPILL_PREFIX, SPILL_SUFFIX, SpillFile, compact,
 from cdcd.assembler.subxacts import Subxact, abort_subxact
 from cdcd.assembler.transaction import (
     ChangeRecord,
+    RenderedJson,
     Transaction,
     TransactionKind,
     message_transaction,
@@ -151,6 +152,12 @@ class Assembler:
         self._part_bytes = part_bytes or 0
         #: Asked at each Begin with the transaction's commit LSN: may it be released in parts?
         self.may_part: Callable[[int], bool] | None = None
+        #: Renders the row JSON of a streamed transaction's change as it arrives (the pgoutput
+        #: bytes, with the xid, and its Relation; None: left to the release), kept with it
+        #: (docs/assembler.md, "Rendering streamed changes"). None: nothing is rendered.
+        self.render: Callable[[bytes, Relation], RenderedJson | None] | None = None
+        #: Changes rendered on arrival since construction.
+        self.rendered = 0
         self._compact_bytes = compact_bytes
         self._spill_dir = spill_dir
         self._on_type = on_type
@@ -504,7 +511,14 @@ class Assembler:
         rel = self._relation(buf, oid, lsn)
         self._count_change(buf, xid)
         spill = buf.spill
-        size = spill.append_raw(lsn, data, xid, (rel,))
+        rendered = None
+        if streamed and self.render is not None:
+            rendered = self.render(data, rel)
+        if rendered is None:
+            size = spill.append_raw(lsn, data, xid, (rel,))
+        else:
+            size = spill.append_rendered(lsn, data, xid, (rel,), rendered)
+            self.rendered += 1
         if spill.in_memory:
             self._grow(buf, size)
         return True

@@ -40,6 +40,9 @@ Record format (all integers little-endian)::
     tag M  = u8 transactional | u64 message lsn | u32 len | prefix utf-8 | u32 len | content
     tag R  = an Insert, Update or Delete as a pgoutput message (has_xid: with the leading xid
              of a change inside a stream block), decoded again when read back
+    tag J  = u32 len | the same pgoutput message | u32 len | before | u32 len | after
+             | u32 len | key: the change with its row JSON rendered on arrival
+             (ChangeRecord.rendered; key length 0xFFFFFFFF: no key)
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
-from cdcd.assembler.transaction import ChangeRecord
+from cdcd.assembler.transaction import ChangeRecord, RenderedJson
 from cdcd.decoder.events import (
     Change,
     Delete,
@@ -63,6 +66,7 @@ from cdcd.decoder.events import (
 )
 from cdcd.decoder.pgoutput import decode_change, plain_insert
 from cdcd.decoder.tuples import build_tuple
+from cdcd.lsn import format_lsn
 
 #: Spill files are named ``<SPILL_PREFIX><n><SPILL_SUFFIX>`` inside the spill directory.
 SPILL_PREFIX: Final = "cdcd-txn-"
@@ -72,6 +76,8 @@ DEFAULT_BUFFER_SIZE: Final = 1 << 20
 
 _U32 = struct.Struct("<I")
 _HEAD = struct.Struct("<BQBII")  # tag, lsn, has_xid, xid, nrel
+# a tag J record's length, head, one relation index and the length of its pgoutput bytes
+_RENDERED_HEAD = struct.Struct("<IBQBIIII")
 _U16 = struct.Struct("<H")
 _U8U32 = struct.Struct("<BI")
 _MSG = struct.Struct("<BQ")
@@ -79,6 +85,8 @@ _MSG = struct.Struct("<BQ")
 _TAG_TRUNCATE: Final = ord("T")
 _TAG_MESSAGE: Final = ord("M")
 _TAG_RAW: Final = ord("R")
+_TAG_RENDERED: Final = ord("J")
+_NO_KEY: Final = 0xFFFFFFFF
 _NET_U32 = struct.Struct("!I")  # pgoutput (network order): relation oid
 _NET_U32X2 = struct.Struct("!II")  # xid, relation oid
 
@@ -168,6 +176,38 @@ class SpillFile:
         else:
             pending += struct.pack(f"<{len(rel_ids)}I", *rel_ids)
         pending += data
+        if len(pending) >= self._buffer_size:
+            self._flush()
+        return 4 + length
+
+    def append_rendered(
+        self,
+        lsn: int,
+        data: bytes,
+        xid: int | None,
+        relations: tuple[Relation, ...],
+        rendered: RenderedJson,
+    ) -> int:
+        """:meth:`append_raw` of a one-table change with its row JSON, read back as
+        ``ChangeRecord.rendered``. Return the bytes it takes in the stream."""
+        (rel_id,) = self._relation_ids(relations)
+        before, after, key = rendered
+        tail = b"".join(
+            (
+                data,
+                _U32.pack(len(before)),
+                before,
+                _U32.pack(len(after)),
+                after,
+                _U32.pack(_NO_KEY) if key is None else _U32.pack(len(key)) + key,
+            )
+        )
+        length = _RENDERED_HEAD.size - 4 + len(tail)
+        pending = self._pending
+        pending += _RENDERED_HEAD.pack(
+            length, _TAG_RENDERED, lsn, xid is not None, xid or 0, 1, rel_id, len(data)
+        )
+        pending += tail
         if len(pending) >= self._buffer_size:
             self._flush()
         return 4 + length
@@ -404,6 +444,8 @@ def _decode(
         change = plain_insert(buf, pos, stop, bool(has_xid))
         if change is None:
             change = decode_change(buf[pos:stop], lsn, streamed=bool(has_xid))
+    elif tag == _TAG_RENDERED:
+        return _decode_rendered(buf, pos, stop, lsn, bool(has_xid), relations)
     elif tag == _TAG_TRUNCATE:
         options, n = _U8U32.unpack_from(buf, pos)
         pos += _U8U32.size
@@ -420,3 +462,27 @@ def _decode(
     else:
         raise ValueError(f"spill record with unknown tag {tag}")
     return ChangeRecord(lsn, change, relations)
+
+
+def _decode_rendered(
+    buf: bytes, pos: int, stop: int, lsn: int, streamed: bool, relations: tuple[Relation, ...]
+) -> ChangeRecord:
+    """The tag J record whose payload is ``buf[pos:stop]``."""
+    end = pos + 4 + _u32le(buf, pos)
+    change: Change | None = plain_insert(buf, pos + 4, end, streamed)
+    if change is None:
+        change = decode_change(buf[pos + 4 : end], lsn, streamed=streamed)
+    pos = end
+    end = pos + 4 + _u32le(buf, pos)
+    before = buf[pos + 4 : end]
+    pos = end
+    end = pos + 4 + _u32le(buf, pos)
+    after = buf[pos + 4 : end]
+    pos = end
+    size = _u32le(buf, pos)
+    key = None if size == _NO_KEY else buf[pos + 4 : pos + 4 + size]
+    if (pos + 4 if key is None else pos + 4 + size) != stop:
+        raise ValueError(
+            f"spill record at LSN {format_lsn(lsn)}: its rendered JSON does not fill it"
+        )
+    return ChangeRecord(lsn, change, relations, (before, after, key))

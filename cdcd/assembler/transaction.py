@@ -34,6 +34,11 @@ from cdcd.decoder.events import Change, Message, Relation
 
 TransactionKind = Literal["regular", "streamed", "prepared", "message", "snapshot", "reset"]
 
+#: An Insert, Update or Delete's JSON made as its streamed transaction arrived (docs/assembler.md,
+#: "Rendering streamed changes"): ``(before, after, key)`` exactly as its one change event writes
+#: them (``b"null"`` for a missing row; key None: the table has no key).
+RenderedJson = tuple[bytes, bytes, bytes | None]
+
 
 @dataclass(frozen=True, slots=True, init=False)
 class ChangeRecord:
@@ -41,18 +46,27 @@ class ChangeRecord:
 
     ``lsn``: the change's own WAL position (XLogData ``wal_start``; Debezium's ``source.lsn``).
     ``relations``: for Insert/Update/Delete one Relation; for Truncate one per truncated
-    relation in message order; for a logical message none.
+    relation in message order; for a logical message none. ``rendered``: the change's row JSON
+    made while its streamed transaction arrived (:data:`RenderedJson`), or None.
     """
 
     lsn: int
     change: Change
     relations: tuple[Relation, ...]
+    rendered: RenderedJson | None
 
     # Spelled out, as in cdcd.decoder.events: compiled, a native constructor.
-    def __init__(self, lsn: int, change: Change, relations: tuple[Relation, ...]) -> None:
+    def __init__(
+        self,
+        lsn: int,
+        change: Change,
+        relations: tuple[Relation, ...],
+        rendered: RenderedJson | None = None,
+    ) -> None:
         object.__setattr__(self, "lsn", lsn)
         object.__setattr__(self, "change", change)
         object.__setattr__(self, "relations", relations)
+        object.__setattr__(self, "rendered", rendered)
 
 
 @dataclass(slots=True)

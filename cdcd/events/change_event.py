@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 import orjson
 
 from cdcd import __version__
+from cdcd.assembler.transaction import RenderedJson
 from cdcd.decoder.events import (
     KIND_UNCHANGED_TOAST,
     Message,
@@ -258,6 +259,7 @@ class ChangeEvent:
         "_native_rows",
         "_prev_lsn",
         "_rel",
+        "_rendered",
         "_snapshot",
         "_source",
         "_txn",
@@ -289,6 +291,7 @@ class ChangeEvent:
         fill: TupleData | None = None,
         extra: Any = None,
         snapshot: str = "false",
+        rendered: RenderedJson | None = None,
     ) -> None:
         self.op = op
         self._rel = rel
@@ -312,6 +315,9 @@ class ChangeEvent:
         self._fill_tup = fill
         self._extra = extra  # Truncate flags, the Message, or the KeyLink of a key change
         self._snapshot = snapshot
+        # (before, after, key) JSON made on arrival (a streamed transaction's change whose
+        # one event this is; docs/assembler.md): the bytes the methods below would make
+        self._rendered = rendered
         self._json_rows: tuple[Row | None, Row | None, list[str]] | None = None
         self._native_rows: tuple[Row | None, Row | None, list[str]] | None = None
         self._key: Any = _UNSET  # Row | None once built (Any: the sentinel is neither)
@@ -501,6 +507,9 @@ class ChangeEvent:
     def key_json(self) -> bytes | None:
         """``orjson.dumps(self.key())``: for a row event, written from the key columns' bytes
         where RowDecoder.columns_json can (no dict, no value of the other columns)."""
+        rendered = self._rendered
+        if rendered is not None:
+            return rendered[2]
         key = self._key
         if key is _UNSET:
             rel = self._rel
@@ -552,7 +561,10 @@ class ChangeEvent:
         rel = self._rel
         before_json = after_json = None
         unchanged: list[str] = []
-        if rel is not None and self._extra is None and self._json_rows is None:
+        rendered = self._rendered
+        if rendered is not None:
+            before_json, after_json = rendered[0], rendered[1]
+        elif rel is not None and self._extra is None and self._json_rows is None:
             dec = rel.decoder(False)
             old, new = self._before_tup, self._after_tup
             after_json = b"null" if new is None else dec.row_json(new)

@@ -87,7 +87,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from cdcd.assembler.transaction import ChangeRecord, Transaction
+import orjson
+
+from cdcd.assembler.transaction import ChangeRecord, RenderedJson, Transaction
 from cdcd.decoder.events import (
     KIND_NULL,
     KIND_UNCHANGED_TOAST,
@@ -99,10 +101,12 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
+from cdcd.decoder.pgoutput import decode_change, plain_insert
 from cdcd.events.catalog import Catalog
 from cdcd.events.change_event import ChangeEvent, KeyLink, RelInfo, TxnInfo
 from cdcd.events.context import SinkContext
 from cdcd.events.snapshot_run import SnapshotRun
+from cdcd.values.types import RowDecoder
 
 __all__ = ["Encoder"]
 
@@ -124,6 +128,13 @@ def _key_changed(key_idx: tuple[int, ...], old: TupleData, new: TupleData) -> bo
         if ok[i] != nk[i] or ov[i] != nv[i]:
             return True
     return False
+
+
+def _row_json(dec: RowDecoder, tup: TupleData) -> bytes:
+    """A row's JSON as a change event writes it: from the column bytes where cdcd._rowjson
+    can, else by serialising the decoded row (the same bytes)."""
+    made = dec.row_json(tup)
+    return orjson.dumps(dec.decode(tup)) if made is None else made
 
 
 class EventCursor:
@@ -217,13 +228,23 @@ class Encoder:
                 collections[table_oid] = dco
                 inserted: tuple[RelInfo | None, str] = (table, "c")
                 counts[inserted] = counts.get(inserted, 0) + 1
-                yield ChangeEvent(
-                    "c", table, info, lsn, seq, dco, prev_lsn, ts_ms, None, change.new
-                )
+                rendered = record.rendered
+                if rendered is None:
+                    yield ChangeEvent(
+                        "c", table, info, lsn, seq, dco, prev_lsn, ts_ms, None, change.new
+                    )
+                else:
+                    yield ChangeEvent(
+                        "c", table, info, lsn, seq, dco, prev_lsn, ts_ms, None, change.new,
+                        None, None, "false", rendered,
+                    )  # fmt: skip
                 seq += 1
                 prev_lsn = lsn
                 continue
-            for op, rel, before, after, fill, extra in self._split(record, txn):
+            parts = self._split(record, txn)
+            # rendered on arrival only where the change is one row event (Encoder.render)
+            rendered = record.rendered if len(parts) == 1 else None
+            for op, rel, before, after, fill, extra in parts:
                 # data_collection_order: per table (by OID); logical messages count under None
                 oid = rel.relation.oid if rel is not None else None
                 dco = collections.get(oid, 0) + 1
@@ -244,11 +265,55 @@ class Encoder:
                     fill,
                     extra,
                     marked,
+                    rendered,
                 )
                 seq += 1
                 prev_lsn = lsn
         cursor.seq = seq
         cursor.prev_lsn = prev_lsn
+
+    def render(self, data: bytes, relation: Relation) -> RenderedJson | None:
+        """The row JSON of a streamed transaction's Insert, Update or Delete as its one change
+        event will write it, made as the change arrives (``data``: its pgoutput bytes, with
+        the xid; docs/assembler.md, "Rendering streamed changes"): ``(before, after, key)``,
+        the bytes :meth:`ChangeEvent.record_json` and ``key_json`` would otherwise make at the
+        commit. None where those bytes come from more than the change (an Update of the key,
+        which becomes two linked events, or unchanged TOAST to fill) or from a slower path,
+        and where the change does not decode or convert: the release then does what it always
+        did, errors included."""
+        try:
+            change: Insert | Update | Delete | None = plain_insert(data, 0, len(data), True)
+            if change is None:
+                change = decode_change(data, 0, streamed=True)
+            rel = self._rel(relation)
+            before: TupleData | None = None
+            after: TupleData | None = None
+            if type(change) is Insert:
+                after = change.new
+            elif type(change) is Delete:
+                before = change.old
+            else:
+                update: Update = change  # type: ignore[assignment]
+                before, after = update.old, update.new
+                if before is not None and rel.key_idx and _key_changed(rel.key_idx, before, after):
+                    return None
+            if after is not None and KIND_UNCHANGED_TOAST in after.kinds:
+                return None
+            dec = rel.decoder(False)
+            before_json = b"null" if before is None else _row_json(dec, before)
+            after_json = b"null" if after is None else _row_json(dec, after)
+            key_json: bytes | None = None
+            names = rel.key_names
+            if names is not None:
+                key_row = after if after is not None else before
+                assert key_row is not None
+                key_json = dec.columns_json(key_row, rel.key_idx, rel.key_prefixes)
+                if key_json is None:  # as ChangeEvent.key() makes it
+                    row = dec.decode(key_row)
+                    key_json = orjson.dumps({name: row[name] for name in names})
+            return (before_json, after_json, key_json)
+        except Exception:  # the release decodes it again and says what is wrong
+            return None
 
     def _split(self, record: ChangeRecord, txn: Transaction) -> tuple[_Parts, ...]:
         """The events one change becomes: (op, table, before, after, TOAST fill, extra)."""

@@ -318,6 +318,7 @@ class Reader:
         s.spilled_bytes = a.spilled_bytes
         s.open_streams = a.open_streams
         s.held_prepared = a.held_prepared
+        s.rendered_changes = a.rendered
 
     def _reach_endpos(self) -> None:
         log.info("endpos reached", endpos=format_lsn(self.endpos or 0))

@@ -95,6 +95,8 @@ class Pipeline:
             self.sinks = [load_sink_class(spec.type)(spec.config, context) for spec in cfg.sinks]
             self.tracker = tracker = ProgressTracker(len(self.sinks))
             encoder = Encoder(context, catalog)
+            if any(sink.writes_json for sink in self.sinks):
+                assembler.render = encoder.render  # docs/assembler.md
             self.writer = writer = Writer(
                 self.sinks,
                 encoder,

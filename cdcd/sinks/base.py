@@ -22,6 +22,9 @@
   against ``buffer.memory_limit`` and holds reading back meanwhile. ``memory_budget`` (set by
   the writer before the first transaction: a share of the limit) is what the sink should keep
   its own buffers within, even inside one huge transaction.
+* ``writes_json = True`` says the sink writes events' JSON (``record_json``, ``key_json`` or
+  ``value_json``): the pipeline then renders the rows of streamed transactions while they
+  arrive, so that less is left to do at their Stream Commit (docs/assembler.md).
 * Optional fast paths: ``wants_events = False`` and ``write_changes`` take decoded changes
   instead of events (the null sink, which measures decoding alone); ``write_transactions``
   takes a run of small, whole transactions in one call (the pipeline calls it only where a sink
@@ -72,6 +75,9 @@ class Sink(abc.ABC):
     Config: ClassVar[type[BaseModel]]
     #: False: the sink takes decoded changes (``write_changes``) rather than events
     wants_events: bool = True
+    #: True: the sink writes the events' JSON (``record_json``, ``key_json``, ``value_json``),
+    #: so rendering streamed transactions' rows on arrival serves it
+    writes_json: bool = False
     #: seconds the pipeline lets pass between two flushes while something is not durable
     #: (0: flush whenever the sink has nothing more to do)
     flush_interval: float = 1.0

@@ -306,6 +306,7 @@ class FileSink(Sink):
         self.files_published = 0
         self.events_written = 0
         self._writer_cls = writer_class(config.format)
+        self.writes_json = config.format == "jsonl"
         self._recovered: dict[str, Recovered] = {}
         self._folders: dict[str, _Folder] = {}
         self._by_relation: dict[int, tuple[Relation, _Folder]] = {}

@@ -107,6 +107,7 @@ class KafkaSink(Sink):
     """Writes change events to Kafka; see the module docstring for records and guarantees."""
 
     type_name = "kafka"
+    writes_json = True
     Config = KafkaSinkConfig
 
     def __init__(self, config: KafkaSinkConfig, context: SinkContext) -> None:

@@ -34,6 +34,7 @@ class NullSink(Sink):
         super().__init__()
         self.config = config
         self.wants_events = config.encode
+        self.writes_json = config.encode
         self.events = 0  # events, or changes when it takes changes
         self.transactions = 0
 

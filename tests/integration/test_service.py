@@ -170,6 +170,7 @@ def test_metrics_and_probes_during_a_workload(
 ) -> None:
     # A private cluster: WAL written by other tests' databases would keep the lag moving.
     pg_db = create_database(pg_cluster_factory())
+    pg_db.enable_streaming()
     pg_db.execute("CREATE TABLE orders (id serial PRIMARY KEY, amount int NOT NULL)")
     port = free_port()
     cfg = service_config(tmp_path, pg_db.dsn, port)
@@ -195,11 +196,14 @@ def test_metrics_and_probes_during_a_workload(
             before = scrape(port)
             assert metric(before, "cdcd_up") == 1
 
-            rounds, per_round, rows_per_txn = 3, 5, 4
+            rounds, per_round = 3, 5
             history = [before]
             inserted = 0
-            for _ in range(rounds):
-                for _ in range(per_round):
+            # rounds of small transactions, then one large enough to stream, past the
+            # assembler's compact threshold: its rows' JSON is made as its segments arrive
+            # (docs/assembler.md)
+            for txns, rows_per_txn in [(per_round, 4)] * rounds + [(1, 20000)]:
+                for _ in range(txns):
                     pg_db.execute(
                         f"INSERT INTO orders (amount) SELECT g FROM generate_series(1, {rows_per_txn}) g"
                     )
@@ -213,6 +217,8 @@ def test_metrics_and_probes_during_a_workload(
                         f"{inserted} insert events in /metrics",
                     )
                 )
+            assert metric(history[-1], "cdcd_streamed_changes_rendered_total") > 10000
+            assert metric(history[-2], "cdcd_streamed_changes_rendered_total") == 0
             end_lsn = lsn_int(current_lsn(pg_db))
 
             # counters and the acknowledged LSN only move forward, and moved with each round
