@@ -278,9 +278,8 @@ class Encoder:
         the xid; docs/assembler.md, "Rendering streamed changes"): ``(before, after, key)``,
         the bytes :meth:`ChangeEvent.record_json` and ``key_json`` would otherwise make at the
         commit. None where those bytes come from more than the change (an Update of the key,
-        which becomes two linked events, or unchanged TOAST to fill) or from a slower path,
-        and where the change does not decode or convert: the release then does what it always
-        did, errors included."""
+        which becomes two linked events, or unchanged TOAST to fill) and where the change does
+        not decode or convert: the release then does what it always did, errors included."""
         try:
             change: Insert | Update | Delete | None = plain_insert(data, 0, len(data), True)
             if change is None:

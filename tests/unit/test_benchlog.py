@@ -62,7 +62,7 @@ def test_write_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         received_bytes=999,
         socket_reads=7,
     )
-    assembler = SimpleNamespace(total_spilled_bytes=123, spill_count=1)
+    assembler = SimpleNamespace(total_spilled_bytes=123, spill_count=1, rendered=45)
     write_stats(stats, assembler)  # not asked for: nothing happens
     path = tmp_path / "stats.json"
     monkeypatch.setenv(STATS_ENV, str(path))
@@ -72,5 +72,6 @@ def test_write_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert summary["events_by_op"] == {"c": 4, "u": 1}
     assert summary["events_by_table"] == {"public.a": 4, "public.b": 1}
     assert summary["spilled_bytes"] == 123 and summary["spill_count"] == 1
+    assert summary["rendered_changes"] == 45
     assert summary["socket_reads"] == 7
     assert summary["peak_rss_mb"] > 0

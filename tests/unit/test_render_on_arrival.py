@@ -196,3 +196,17 @@ def test_spill_record_round_trip(tmp_path: Path) -> None:
             ChangeRecord(0x30, change, (KEYED,)),
         ]
         spill.delete()
+
+
+def test_a_damaged_rendered_record_is_an_error_naming_its_lsn() -> None:
+    data = insert(KEYED, b"3", b"30", b"z")
+    spill = SpillFile(None)
+    spill.append_rendered(0x1234, data, XID, (KEYED,), (b"null", b"{}", b'{"id":3}'))
+    spill.finish()
+    (chunk,) = spill._chunks
+    # the record's length grows by one byte it does not account for: the JSON no longer
+    # ends where the record does
+    damaged = (int.from_bytes(chunk[:4], "little") + 1).to_bytes(4, "little") + chunk[4:] + b"x"
+    spill._chunks = [damaged]
+    with pytest.raises(ValueError, match=r"0/1234.*rendered JSON"):
+        list(spill.reader()())
