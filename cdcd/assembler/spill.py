@@ -64,7 +64,7 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
-from cdcd.decoder.pgoutput import decode_change, plain_insert
+from cdcd.decoder.pgoutput import change_at
 from cdcd.decoder.tuples import build_tuple
 from cdcd.lsn import format_lsn
 
@@ -441,9 +441,7 @@ def _decode(
     xid = raw_xid if has_xid else None
     change: Change | None
     if tag == _TAG_RAW:
-        change = plain_insert(buf, pos, stop, bool(has_xid))
-        if change is None:
-            change = decode_change(buf[pos:stop], lsn, streamed=bool(has_xid))
+        change = change_at(buf, pos, stop, lsn, bool(has_xid))
     elif tag == _TAG_RENDERED:
         return _decode_rendered(buf, pos, stop, lsn, bool(has_xid), relations)
     elif tag == _TAG_TRUNCATE:
@@ -469,9 +467,7 @@ def _decode_rendered(
 ) -> ChangeRecord:
     """The tag J record whose payload is ``buf[pos:stop]``."""
     end = pos + 4 + _u32le(buf, pos)
-    change: Change | None = plain_insert(buf, pos + 4, end, streamed)
-    if change is None:
-        change = decode_change(buf[pos + 4 : end], lsn, streamed=streamed)
+    change = change_at(buf, pos + 4, end, lsn, streamed)
     pos = end
     end = pos + 4 + _u32le(buf, pos)
     before = buf[pos + 4 : end]

@@ -546,3 +546,16 @@ def decode_change(data: bytes, lsn: int, *, streamed: bool) -> Insert | Update |
             lsn=lsn,
         )
     return msg  # type: ignore[return-value]
+
+
+def change_at(
+    buf: bytes, start: int, stop: int, lsn: int, streamed: bool
+) -> Insert | Update | Delete:
+    """The Insert, Update or Delete whose pgoutput bytes are ``buf[start:stop]``, decoded
+    outside a session: :func:`plain_insert` where it can, else :func:`decode_change` (which
+    says what is wrong)."""
+    change = plain_insert(buf, start, stop, streamed)
+    if change is not None:
+        return change
+    data = buf if start == 0 and stop == len(buf) else buf[start:stop]
+    return decode_change(data, lsn, streamed=streamed)

@@ -101,7 +101,7 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
-from cdcd.decoder.pgoutput import decode_change, plain_insert
+from cdcd.decoder.pgoutput import change_at
 from cdcd.events.catalog import Catalog
 from cdcd.events.change_event import ChangeEvent, KeyLink, RelInfo, TxnInfo
 from cdcd.events.context import SinkContext
@@ -281,9 +281,7 @@ class Encoder:
         which becomes two linked events, or unchanged TOAST to fill) and where the change does
         not decode or convert: the release then does what it always did, errors included."""
         try:
-            change: Insert | Update | Delete | None = plain_insert(data, 0, len(data), True)
-            if change is None:
-                change = decode_change(data, 0, streamed=True)
+            change = change_at(data, 0, len(data), 0, True)
             rel = self._rel(relation)
             before: TupleData | None = None
             after: TupleData | None = None
