@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import structlog.testing
 
 from cdcd.assembler.transaction import Transaction
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
@@ -502,7 +505,7 @@ async def test_small_publications_run_on_the_event_loop(
     to_thread = asyncio.to_thread
 
     async def counting(func: Any, /, *args: Any) -> Any:
-        if getattr(func, "__name__", "") == "publish_files":  # not start()'s recovery
+        if getattr(func, "__name__", "") == "_timed_publish":  # not start()'s recovery
             handed.append(func)
         return await to_thread(func, *args)
 
@@ -517,6 +520,42 @@ async def test_small_publications_run_on_the_event_loop(
     assert sink.durable_lsn() == txns[-1].end_lsn
     rows = spark_read(tmp_path / "out" / "public.orders")
     assert [r["after"]["id"] for r in rows if r["op"] == "c"] == [1, 2, 3]
+
+
+async def test_publication_leaves_the_event_loop_while_the_disk_is_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small job runs on the event loop only while the last job was quick: after one that
+    took longer than INLINE_PUBLISH_SECONDS (a stalled disk), the next run in the worker thread
+    (the loop keeps reading meanwhile) until one of them is quick again."""
+    import cdcd.sinks.file as file_module
+
+    stalls = iter([0.05, 0.05, 0.0, 0.0, 0.0])  # the disk stalls for two jobs, then recovers
+    where: list[str] = []
+    loop_thread = threading.get_ident()
+    real = file_module.Publisher.publish_files
+
+    def publish(self: Any, files: Any, dirty: Any) -> None:
+        where.append("loop" if threading.get_ident() == loop_thread else "thread")
+        time.sleep(next(stalls, 0.0))
+        real(self, files, dirty)
+
+    monkeypatch.setattr(file_module.Publisher, "publish_files", publish)
+    sink = make_sink(tmp_path / "out")
+    await sink.start()
+    txns = workload(1, 5, 1000)
+    with structlog.testing.capture_logs() as logs:
+        for txn in txns:
+            await feed(sink, encoder(), [txn])
+            await sink.flush()
+            assert sink.durable_lsn() == txn.end_lsn
+    said = [entry["event"] for entry in logs if entry["event"].startswith("file_publish")]
+    assert said == ["file_publish_slow", "file_publish_quick"]  # once each, not per job
+    # 1: inline, stalls; 2: thread, stalls; 3: thread, quick; 4 and 5: back on the loop
+    assert where == ["loop", "thread", "thread", "loop", "loop"]
+    assert sink.last_publish_seconds < file_module.INLINE_PUBLISH_SECONDS
+    rows = spark_read(tmp_path / "out" / "public.orders")
+    assert [r["after"]["id"] for r in rows if r["op"] == "c"] == [1, 2, 3, 4, 5]
 
 
 async def test_an_object_store_publication_always_runs_in_the_worker_thread() -> None:
