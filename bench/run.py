@@ -39,7 +39,8 @@ Workloads (``--quick`` divides sizes by 50; ``--scale`` sets the factor):
 ``W4``  latency: 2,000 transactions/s of 5 rows (10,000 rows/s) for 60 s while cdcd runs live
         with the JSON Lines (``flush_interval: 0.02``) and Kafka sinks; commit-to-durable
         p50/p99/max from ``CDCD_LATENCY_LOG`` (cdcd.benchlog), and ``handed_p50_ms`` /
-        ``handed_p99_ms``: commit to handed to every sink (the server, the network, decoding)
+        ``handed_p99_ms``: commit to handed to every sink (the server, the network, decoding);
+        ``file_publish_slow``: how often cdcd's log said publishing turned slow (a disk stall)
 ``W4h`` the same at 6,000 transactions/s (30,000 rows/s), each sink alone with its own load;
         ``p99_ms_by_third`` (the p99 of each third of the run) and ``keeps_up`` (the last
         third's p99 at most 1.5 x the first's + 20 ms: the lag did not grow), and
@@ -525,11 +526,31 @@ def check_package(stats: dict[str, Any], checkout: Path, contender: str) -> None
         raise RuntimeError(f"{contender} ran the cdcd package in {ran}, not {checkout / 'cdcd'}")
 
 
+#: warnings of cdcd's that a run reports, counted in its log (a W4 run's tail: did the disk stall?)
+COUNTED_LOG_EVENTS = ("file_publish_slow",)
+
+
+def counted_log_events(log_text: str) -> dict[str, int]:
+    """How many times each of ``COUNTED_LOG_EVENTS`` is in cdcd's JSON log (only those seen)."""
+    counts: dict[str, int] = {}
+    for line in log_text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            event = orjson.loads(line).get("event")
+        except orjson.JSONDecodeError:
+            continue
+        if event in COUNTED_LOG_EVENTS:
+            counts[event] = counts.get(event, 0) + 1
+    return counts
+
+
 def cdcd_result(setup: Setup, contender: str, work: Path, m: Measured) -> Result:
     _check(m, contender)
     stats = orjson.loads((work / "stats.json").read_bytes())
     check_package(stats, setup.checkout, contender)
     extra: dict[str, Any] = {"socket_reads": stats.get("socket_reads")}
+    extra |= counted_log_events(m.stderr)
     if stats.get("rendered_changes"):  # streamed rows made into JSON as they arrived
         extra["rendered"] = stats["rendered_changes"]
     if setup.workload.memory_limit_mb is not None:

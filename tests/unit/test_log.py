@@ -166,3 +166,20 @@ def test_unknown_level() -> None:
 def test_mask_dsn(dsn: str, masked: str) -> None:
     assert mask_dsn(dsn) == masked
     assert mask_secrets(dsn) == masked
+
+
+def test_the_benchmark_counts_warnings_in_the_json_log() -> None:
+    """bench/run.py reports how often cdcd warned that publishing turned slow, read from the
+    JSON log cdcd writes in a bench run (the file sink's own logger, as configured there)."""
+    from bench.run import counted_log_events
+    from cdcd.sinks import file as file_sink
+
+    out = io.StringIO()
+    configure_logging("json", "warning", stream=out)
+    file_sink.log.warning("file_publish_slow", path="/x", seconds=0.2)
+    file_sink.log.info("file_publish_quick", path="/x", seconds=0.001)  # below the level
+    file_sink.log.warning("file_publish_slow", path="/x", seconds=0.3)
+    get_logger("cdcd.test").warning("something else")
+    text = out.getvalue() + "not a JSON line\n{broken\n"
+    assert counted_log_events(text) == {"file_publish_slow": 2}
+    assert counted_log_events("") == {}
