@@ -642,6 +642,8 @@ class FileSink(Sink):
         jobs leave the event loop) and when it is quick again."""
         was_slow = self.last_publish_seconds > INLINE_PUBLISH_SECONDS
         self.last_publish_seconds = seconds
+        if not self.publisher.local:  # uploads take network round trips: not a stall
+            return
         slow = seconds > INLINE_PUBLISH_SECONDS
         if slow and not was_slow:
             log.warning("file_publish_slow", path=str(self.config.path), seconds=round(seconds, 3))

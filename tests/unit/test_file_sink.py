@@ -558,6 +558,23 @@ async def test_publication_leaves_the_event_loop_while_the_disk_is_slow(
     assert [r["after"]["id"] for r in rows if r["op"] == "c"] == [1, 2, 3, 4, 5]
 
 
+def test_a_slow_upload_is_not_reported_as_a_stalled_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Uploads to object storage always run in the thread and take network round trips: how
+    long one took says nothing about a disk, so nothing is logged (a local publisher warns)."""
+    sink = make_sink(tmp_path / "out")
+    with structlog.testing.capture_logs() as logs:
+        sink._took(0.5)
+    assert [entry["event"] for entry in logs] == ["file_publish_slow"]
+    sink._took(0.0)
+    monkeypatch.setattr(type(sink.publisher), "local", False)
+    with structlog.testing.capture_logs() as logs:
+        sink._took(0.5)
+        sink._took(0.0)
+    assert logs == []
+
+
 async def test_an_object_store_publication_always_runs_in_the_worker_thread() -> None:
     from cdcd.sinks.file_layout import Publisher
     from cdcd.sinks.storage import ObjectStorePublisher
