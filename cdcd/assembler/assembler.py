@@ -652,6 +652,7 @@ class Assembler:
             else:
                 self.total_spilled_bytes += spill.size
             txn._reader = spill.reader()
+            txn._drain = spill.draining_reader()
             txn._on_release = spill.delete
         return txn
 

@@ -259,6 +259,21 @@ class SpillFile:
 
         return read
 
+    def draining_reader(self) -> Callable[[], Iterator[ChangeRecord]] | None:
+        """For a stream held in memory (after :meth:`finish`): a function returning an
+        iterator over the records that drops each chunk from the stream once it has been read,
+        for the last reading (Transaction.take_changes); None for a file (nothing to free).
+        The stream cannot be read again after it."""
+        if not self.in_memory:
+            return None
+        rels = tuple(self._rels)
+        chunks = self._chunks
+
+        def drain() -> Iterator[ChangeRecord]:
+            return _records(_taking(chunks), rels, "in-memory spill stream")
+
+        return drain
+
     def delete(self) -> None:
         """Drop the stream (close and remove the file); safe to call more than once."""
         if self._fd is not None:
@@ -378,6 +393,14 @@ def _tuple(tup: TupleData) -> bytes:
 
 
 # --- decoding ----------------------------------------------------------------------------------
+
+
+def _taking(chunks: list[bytes]) -> Iterator[bytes]:
+    """The chunks in order, each removed from ``chunks`` as it is handed out (so it is freed
+    once the reader is past it)."""
+    chunks.reverse()
+    while chunks:
+        yield chunks.pop()
 
 
 def _read(path: Path, rels: tuple[Relation, ...]) -> Iterator[ChangeRecord]:

@@ -97,6 +97,8 @@ class Transaction:
     _reader: Callable[[], Iterator[ChangeRecord]] | None = field(default=None, repr=False)
     _records: list[ChangeRecord] | None = field(default=None, repr=False)
     _on_release: Callable[[], None] | None = field(default=None, repr=False)
+    #: for a stream held in memory: the last reading, which frees it as it goes (take_changes)
+    _drain: Callable[[], Iterator[ChangeRecord]] | None = field(default=None, repr=False)
 
     def changes(self) -> Iterator[ChangeRecord]:
         """The changes in commit order; for a spilled transaction, read back from disk."""
@@ -105,6 +107,18 @@ class Transaction:
         if self._reader is not None:
             return self._reader()
         return iter(())
+
+    def take_changes(self) -> Iterator[ChangeRecord]:
+        """The changes, read for the last time (the writer's reading, once whatever else
+        reads them has done so): a transaction held in memory in the compact form gives each
+        chunk back as soon as it has been read, so its memory goes down while the sinks' buffers
+        fill (README "Memory"). Reading its changes again after this is an error."""
+        drain = self._drain
+        if drain is None or self._records is not None:
+            return self.changes()
+        self._drain = None
+        self._reader = _taken
+        return drain()
 
     def drop_first(self, count: int) -> None:
         """Leave out the first ``count`` changes (handed over before a reconnect)."""
@@ -116,11 +130,14 @@ class Transaction:
             self._records = self._records[count:]
         elif self._reader is not None:
             self._reader = partial(_skipping, self._reader, count)
+            if self._drain is not None:
+                self._drain = partial(_skipping, self._drain, count)
 
     def release(self) -> None:
         """Free what the transaction holds (memory, spill files). Call once all sinks are done."""
         self._records = None
         self._reader = None
+        self._drain = None
         if self._on_release is not None:
             callback, self._on_release = self._on_release, None
             callback()
@@ -141,6 +158,10 @@ def message_transaction(msg: Message, lsn: int) -> Transaction:
         size=1,
         _records=[ChangeRecord(lsn, msg, ())],
     )
+
+
+def _taken() -> Iterator[ChangeRecord]:
+    raise RuntimeError("the changes of this transaction were taken (Transaction.take_changes)")
 
 
 def _skipping(reader: Callable[[], Iterator[ChangeRecord]], count: int) -> Iterator[ChangeRecord]:

@@ -34,9 +34,11 @@ methods:
     key_names -> tuple[str, ...] | None, catalog -> Catalog
 
 ``Encoder(context: SinkContext, catalog: Catalog, clock=time.time)``:
-    events(txn: Transaction, cursor=None) -> Iterator[ChangeEvent]
-    batches(txn, max_events=1000, cursor=None) -> Iterator[list[ChangeEvent]]
-    (``cursor``: an :class:`EventCursor` carried from one part of a transaction to the next)
+    events(txn: Transaction, cursor=None, last=False) -> Iterator[ChangeEvent]
+    batches(txn, max_events=1000, cursor=None, last=False) -> Iterator[list[ChangeEvent]]
+    (``cursor``: an :class:`EventCursor` carried from one part of a transaction to the next;
+    ``last``: the writer's reading, after which nothing reads the changes again, which lets a
+    transaction held in memory free them as they are read: Transaction.take_changes)
     take_counts() -> list[(table, op, n)]   events made since the last call, per "schema.table"
                                           ("_messages" for logical messages) and op
     snapshot_events(relation, rows, *, commit_lsn, commit_time, first_seq=0, xid=None,
@@ -187,9 +189,12 @@ class Encoder:
         """The table's columns (name, type name, type oid, typmod, key flag) and key."""
         return self._rel(relation).schema_info()
 
-    def events(self, txn: Transaction, cursor: EventCursor | None = None) -> Iterator[ChangeEvent]:
+    def events(
+        self, txn: Transaction, cursor: EventCursor | None = None, last: bool = False
+    ) -> Iterator[ChangeEvent]:
         """The events of ``txn`` in ``seq`` order; ``cursor``: continue a transaction's events
-        from its earlier parts (and record where they stop, once all are taken)."""
+        from its earlier parts (and record where they stop, once all are taken); ``last``: the
+        last reading of its changes (:meth:`Transaction.take_changes`)."""
         if txn.kind == "snapshot":  # a chunk of an incremental snapshot: rows of one table
             rows = [record.change.new for record in txn.changes()]  # type: ignore[union-attr]
             if rows:
@@ -217,7 +222,7 @@ class Encoder:
         prev_lsn = cursor.prev_lsn
         counts = self._counts
 
-        for record in txn.changes():
+        for record in txn.take_changes() if last else txn.changes():
             lsn = record.lsn
             ts_ms = int(clock() * 1000)
             change = record.change
@@ -340,12 +345,16 @@ class Encoder:
         )
 
     def batches(
-        self, txn: Transaction, max_events: int = 1000, cursor: EventCursor | None = None
+        self,
+        txn: Transaction,
+        max_events: int = 1000,
+        cursor: EventCursor | None = None,
+        last: bool = False,
     ) -> Iterator[list[ChangeEvent]]:
         """The events of ``txn`` in lists of at most ``max_events`` (never empty)."""
         batch: list[ChangeEvent] = []
         append = batch.append
-        for event in self.events(txn, cursor):
+        for event in self.events(txn, cursor, last):
             append(event)
             if len(batch) >= max_events:
                 yield batch

@@ -344,12 +344,14 @@ class Writer:
         if txn.begins:
             self._cursor = None if txn.ends else EventCursor()
             yield (_BEGIN, txn)
+        # the last reading of a large transaction's changes: one held in memory in the compact
+        # form frees its chunks as they are read, while the sinks' buffers fill (README "Memory")
         if self._events_wanted:
-            for batch in self._encoder.batches(txn, cursor=self._cursor):
+            for batch in self._encoder.batches(txn, cursor=self._cursor, last=True):
                 self._count(len(batch))
                 yield (_WRITE, batch)
         else:
-            for records in _record_batches(txn):
+            for records in _record_batches(txn, last=True):
                 self._count_changes(records)
                 yield (_WRITE, records)
         yield (_COMMIT, txn) if txn.ends else (_PART, txn)
@@ -523,8 +525,11 @@ class Writer:
             self._latency.durable(self._tracker.durable_lsn())
 
 
-def _record_batches(txn: Transaction, size: int = 1000) -> Iterator[list[ChangeRecord]]:
-    """The decoded changes of ``txn`` in lists of at most ``size`` (never empty)."""
-    changes = txn.changes()
+def _record_batches(
+    txn: Transaction, size: int = 1000, last: bool = False
+) -> Iterator[list[ChangeRecord]]:
+    """The decoded changes of ``txn`` in lists of at most ``size`` (never empty); ``last``:
+    read for the last time (Transaction.take_changes)."""
+    changes = txn.take_changes() if last else txn.changes()
     while batch := list(islice(changes, size)):
         yield batch

@@ -587,6 +587,52 @@ def test_compact_transaction_released_holds_its_bytes(tmp_path: Path) -> None:
     assert list(txn.changes()) == []
 
 
+def test_the_last_reading_of_a_compact_transaction_frees_it(tmp_path: Path) -> None:
+    """take_changes (the writer's reading) gives the same changes as changes(), drops the
+    stream's chunks as it reads them, and leaves nothing to read again: a second reading
+    is an error, not a silently empty or partial transaction. drop_first applies to it too."""
+    asm = Assembler(memory_limit=1 << 30, spill_dir=tmp_path, compact_bytes=0)
+    feed = Feeder(asm)
+    names = [f"v{i}" for i in range(5000)]
+
+    def wide(value: str) -> Insert:  # 1 KB rows: the stream's chunks are 1 MiB
+        return Insert(None, OID_A, TupleData(b"tt", (value.encode(), b"x" * 1000)))
+
+    feed(relation(), Begin(0x9000, 0, 4), *(wide(n) for n in names))
+    spill = asm._current.spill  # type: ignore[union-attr]
+    assert spill is not None and spill.in_memory
+    (txn,) = feed(Commit(0, 0x9000, 0x9008, 0))
+    assert values(txn) == names  # read as often as wanted before the last reading
+    chunks = len(spill._chunks)
+    assert chunks >= 4
+    taken = txn.take_changes()
+    first = next(taken)
+    assert first.change.new.values[0] == b"v0"  # type: ignore[union-attr]
+    assert len(spill._chunks) == chunks - 1
+    rest = [r.change.new.values[0].decode() for r in taken]  # type: ignore[union-attr]
+    assert ["v0", *rest] == names and spill._chunks == []
+    with pytest.raises(RuntimeError, match="taken"):
+        list(txn.changes())
+    txn.release()
+    assert list(txn.changes()) == []
+
+    feed(Begin(0x9100, 0, 5), *(wide(n) for n in names))
+    (resent,) = feed(Commit(0, 0x9100, 0x9108, 0))
+    resent.drop_first(4990)  # handed over before a reconnect
+    assert (
+        [r.change.new.values[0] for r in resent.take_changes()]
+        == [  # type: ignore[union-attr]
+            n.encode() for n in names[4990:]
+        ]
+    )
+
+    spilled = Feeder(Assembler(memory_limit=1, spill_dir=tmp_path, compact_bytes=0))
+    spilled(relation(), Begin(0x9200, 0, 6), ins("a"), ins("b"))
+    (on_disk,) = spilled(Commit(0, 0x9200, 0x9208, 0))
+    assert [r.lsn for r in on_disk.take_changes()] == [r.lsn for r in on_disk.changes()]
+    on_disk.release()
+
+
 def test_compact_subtransaction_abort_gives_back_its_bytes() -> None:
     asm = Assembler(memory_limit=1 << 30, compact_bytes=0)
     feed = Feeder(asm)

@@ -209,3 +209,29 @@ def test_a_damaged_stream_is_an_error_not_a_wrong_record(tmp_path: Path) -> None
     (tmp_path / "d.spill").write_bytes(struct.pack("<I", 5) + b"R" + bytes(4))  # a 5-byte body
     with pytest.raises(struct.error, match="spill record of 5 bytes"):
         list(spill.reader()())
+
+
+def test_the_draining_reader_frees_each_chunk_once_read(tmp_path: Path) -> None:
+    """The last reading of a stream held in memory (Transaction.take_changes) yields the same
+    records as the reader and drops each sealed chunk from the stream as it goes, so the
+    transaction's memory goes down while the sinks' buffers fill; a file has nothing to free."""
+    spill = SpillFile(None, buffer_size=64)
+    for record in EVERY_KIND * 3:
+        spill.append(record)
+    spill.finish()
+    chunks = len(spill._chunks)
+    assert chunks > 10
+    held = []
+    records = []
+    for record in spill.draining_reader()():  # type: ignore[misc]
+        records.append(record)
+        held.append(len(spill._chunks))
+    assert records == EVERY_KIND * 3
+    assert held[0] < chunks and held[-1] == 0  # freed from the first record on
+    assert held == sorted(held, reverse=True) and len(set(held)) > chunks // 2
+
+    on_disk = SpillFile(tmp_path / "t.spill", buffer_size=64)
+    on_disk.append(EVERY_KIND[0])
+    on_disk.finish()
+    assert on_disk.draining_reader() is None
+    on_disk.delete()
