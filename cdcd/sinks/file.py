@@ -34,8 +34,8 @@ Invariants:
   ``INLINE_PUBLISH_BYTES`` on a local disk runs on the event loop instead: its fsyncs take
   about as long as handing it to the thread and back (each hand-off waits for the GIL while
   the loop decodes), and W4's p99 fell from 27 to 23 ms (README "File sink"). Only while
-  publication is quick, though: after a job (inline or not) that took longer than
-  ``INLINE_PUBLISH_SECONDS`` (a slow or stalled disk), jobs go to the thread until one is quick
+  publication is quick, though (``Publisher.quick``): after a job that took longer than
+  ``QUICK_PUBLISH_SECONDS`` (a slow or stalled disk), jobs go to the thread until one is quick
   again, so a disk that stalls stops the event loop (the reader, keepalives, the other sinks)
   for at most one job.
 - **Exactly once across crashes.** PostgreSQL resends every transaction after the confirmed
@@ -78,7 +78,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from cdcd.assembler.transaction import Transaction
@@ -114,11 +113,6 @@ _MARKED_KINDS = frozenset({"regular", "streamed", "prepared"})
 #: a publication job of at most this many bytes of files, on a local disk, runs on the event
 #: loop rather than in the worker thread (see the module docstring)
 INLINE_PUBLISH_BYTES = 1 << 20
-#: ... unless the last publication job took longer than this (a slow or stalled disk): then
-#: the jobs run in the thread until one takes less again
-INLINE_PUBLISH_SECONDS = 0.01
-
-log = structlog.get_logger(__name__)
 
 
 class FileSinkConfig(BaseModel):
@@ -327,7 +321,6 @@ class FileSink(Sink):
         self._last_flush = clock()  # when the last flush began
         self._unpublished = 0  # files sealed and not yet published
         self._publishing = asyncio.Lock()  # one publication job at a time, in seal order
-        self.last_publish_seconds = 0.0  # how long the last publication job took
         self._flush_task: asyncio.Task[None] | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._started = False
@@ -623,12 +616,12 @@ class FileSink(Sink):
             dirty = self.publisher.take_dirty()
             if (files or dirty) and self._inline(files):
                 with self._failing():
-                    self._took(self._timed_publish(files, dirty))
+                    self.publisher.publish_files(files, dirty)
             elif files or dirty:
-                job = asyncio.to_thread(self._timed_publish, files, dirty)
+                job = asyncio.to_thread(self.publisher.publish_files, files, dirty)
                 try:
                     with self._failing():
-                        self._took(await job)
+                        await job
                 except asyncio.CancelledError:  # the job goes on in its thread: stop here
                     self._failed = DefiniteSinkError("file sink: publication interrupted")
                     raise
@@ -637,31 +630,10 @@ class FileSink(Sink):
             if self._all_published():
                 self._mark_durable(self._committed_end)
 
-    def _took(self, seconds: float) -> None:
-        """Note how long a publication job took; say so when publishing turns slow (the
-        jobs leave the event loop) and when it is quick again."""
-        was_slow = self.last_publish_seconds > INLINE_PUBLISH_SECONDS
-        self.last_publish_seconds = seconds
-        if not self.publisher.local:  # uploads take network round trips: not a stall
-            return
-        slow = seconds > INLINE_PUBLISH_SECONDS
-        if slow and not was_slow:
-            log.warning("file_publish_slow", path=str(self.config.path), seconds=round(seconds, 3))
-        elif was_slow and not slow:
-            log.info("file_publish_quick", path=str(self.config.path), seconds=round(seconds, 4))
-
-    def _timed_publish(self, files: list[tuple[TableWriter, Path]], dirty: set[Path]) -> float:
-        """Publish (``Publisher.publish_files``); the seconds it took."""
-        began = time.monotonic()
-        self.publisher.publish_files(files, dirty)
-        return time.monotonic() - began
-
     def _inline(self, files: list[tuple[TableWriter, Path]]) -> bool:
         """Whether this publication job is small enough to run on the event loop, and the
         last one was quick (a disk that stalls keeps its fsyncs off the loop)."""
-        if not self.publisher.local:  # uploads: network round trips, always in the thread
-            return False
-        if self.last_publish_seconds > INLINE_PUBLISH_SECONDS:
+        if not (self.publisher.local and self.publisher.quick):  # uploads, a stalled disk
             return False
         return sum(writer.size() for writer, _ in files) <= INLINE_PUBLISH_BYTES
 

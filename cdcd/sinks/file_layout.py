@@ -13,12 +13,14 @@ import contextlib
 import errno
 import os
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Final
 
 import orjson
+import structlog
 
 from cdcd.decoder.events import Relation
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
@@ -256,6 +258,13 @@ class TransactionLogWriter(JsonlTableWriter):
 # --- publication -----------------------------------------------------------------------------
 
 
+#: a publication job that takes longer than this means a slow or stalled disk: the file sink
+#: then publishes in its worker thread, not on the event loop, until a job is quick again
+QUICK_PUBLISH_SECONDS = 0.01
+
+log = structlog.get_logger(__name__)
+
+
 class Publisher:
     """Renames completed files into place and fsyncs the folders that changed."""
 
@@ -265,6 +274,12 @@ class Publisher:
     def __init__(self, fsync: bool) -> None:
         self.fsync = fsync
         self._dirty: set[Path] = set()
+        self.last_seconds = 0.0  # how long the last publication job took
+
+    @property
+    def quick(self) -> bool:
+        """The last publication job took at most ``QUICK_PUBLISH_SECONDS``."""
+        return self.last_seconds <= QUICK_PUBLISH_SECONDS
 
     def make_dir(self, path: Path) -> None:
         if not path.is_dir():
@@ -297,7 +312,19 @@ class Publisher:
         sync_folders(self.take_dirty(), self.fsync)
 
     def publish_files(self, files: Sequence[tuple[TableWriter, Path]], dirty: set[Path]) -> None:
+        """One publication job, timed; the log says when jobs turn slow and quick again."""
+        was_quick = self.quick
+        began = time.monotonic()
         publish_files(files, dirty, self.fsync)
+        self.last_seconds = seconds = time.monotonic() - began
+        if was_quick and not self.quick:
+            log.warning(
+                "file_publish_slow",
+                folder=str(files[0][1].parent) if files else None,
+                seconds=round(seconds, 3),
+            )
+        elif self.quick and not was_quick:
+            log.info("file_publish_quick", seconds=round(seconds, 4))
 
 
 def sync_folders(folders: Iterable[Path], fsync: bool) -> None:

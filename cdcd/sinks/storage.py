@@ -269,6 +269,7 @@ class ObjectStorePublisher:
 
     fsync = False
     local = False  # publication jobs upload: always in the worker thread
+    quick = False  # its jobs are not timed (Publisher.quick)
 
     def __init__(self, url: str, config: StorageConfig, store: ObjectStore | None = None) -> None:
         if store is None:

@@ -505,7 +505,7 @@ async def test_small_publications_run_on_the_event_loop(
     to_thread = asyncio.to_thread
 
     async def counting(func: Any, /, *args: Any) -> Any:
-        if getattr(func, "__name__", "") == "_timed_publish":  # not start()'s recovery
+        if getattr(func, "__name__", "") == "publish_files":  # not start()'s recovery
             handed.append(func)
         return await to_thread(func, *args)
 
@@ -526,21 +526,21 @@ async def test_publication_leaves_the_event_loop_while_the_disk_is_slow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A small job runs on the event loop only while the last job was quick: after one that
-    took longer than INLINE_PUBLISH_SECONDS (a stalled disk), the next run in the worker thread
+    took longer than QUICK_PUBLISH_SECONDS (a stalled disk), the next run in the worker thread
     (the loop keeps reading meanwhile) until one of them is quick again."""
-    import cdcd.sinks.file as file_module
+    import cdcd.sinks.file_layout as layout_module
 
     stalls = iter([0.05, 0.05, 0.0, 0.0, 0.0])  # the disk stalls for two jobs, then recovers
     where: list[str] = []
     loop_thread = threading.get_ident()
-    real = file_module.Publisher.publish_files
+    real = layout_module.publish_files
 
-    def publish(self: Any, files: Any, dirty: Any) -> None:
+    def publish(files: Any, dirty: Any, fsync: bool) -> None:
         where.append("loop" if threading.get_ident() == loop_thread else "thread")
         time.sleep(next(stalls, 0.0))
-        real(self, files, dirty)
+        real(files, dirty, fsync)
 
-    monkeypatch.setattr(file_module.Publisher, "publish_files", publish)
+    monkeypatch.setattr(layout_module, "publish_files", publish)
     sink = make_sink(tmp_path / "out")
     await sink.start()
     txns = workload(1, 5, 1000)
@@ -553,7 +553,7 @@ async def test_publication_leaves_the_event_loop_while_the_disk_is_slow(
     assert said == ["file_publish_slow", "file_publish_quick"]  # once each, not per job
     # 1: inline, stalls; 2: thread, stalls; 3: thread, quick; 4 and 5: back on the loop
     assert where == ["loop", "thread", "thread", "loop", "loop"]
-    assert sink.last_publish_seconds < file_module.INLINE_PUBLISH_SECONDS
+    assert sink.publisher.last_seconds < layout_module.QUICK_PUBLISH_SECONDS
     rows = spark_read(tmp_path / "out" / "public.orders")
     assert [r["after"]["id"] for r in rows if r["op"] == "c"] == [1, 2, 3, 4, 5]
 
@@ -561,18 +561,19 @@ async def test_publication_leaves_the_event_loop_while_the_disk_is_slow(
 def test_a_slow_upload_is_not_reported_as_a_stalled_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Uploads to object storage always run in the thread and take network round trips: how
-    long one took says nothing about a disk, so nothing is logged (a local publisher warns)."""
-    sink = make_sink(tmp_path / "out")
+    """Uploads to object storage always run in the thread and take network round trips: their
+    publisher is never quick and does not time its jobs, so only a local publisher warns."""
+    import cdcd.sinks.file_layout as layout_module
+    from cdcd.sinks.storage import ObjectStorePublisher
+
+    monkeypatch.setattr(layout_module, "publish_files", lambda *_: time.sleep(0.02))
+    publisher = layout_module.Publisher(fsync=False)
     with structlog.testing.capture_logs() as logs:
-        sink._took(0.5)
+        publisher.publish_files([], set())
     assert [entry["event"] for entry in logs] == ["file_publish_slow"]
-    sink._took(0.0)
-    monkeypatch.setattr(type(sink.publisher), "local", False)
-    with structlog.testing.capture_logs() as logs:
-        sink._took(0.5)
-        sink._took(0.0)
-    assert logs == []
+    assert not publisher.quick
+    assert ObjectStorePublisher.quick is False
+    assert not hasattr(ObjectStorePublisher, "last_seconds")
 
 
 async def test_an_object_store_publication_always_runs_in_the_worker_thread() -> None:
