@@ -20,6 +20,7 @@ from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication.client import SlotExists
 from cdcd.source import queries
 from cdcd.source import slot as slots
+from cdcd.source.prepare import existing_slot_backfill, untaken_snapshot
 from cdcd.source.snapshot import SnapshotState, incremental_state_path, slot_record_path
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -140,6 +141,8 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
             if status == OK and lag is not None and lag > src.retained_wal_warning:
                 status = WARN
             findings.append(Finding("slot", status, detail))
+            if untaken_snapshot(config):
+                findings.append(await _untaken_snapshot_finding(conn, config))
         findings.extend(await _failover_findings(source, conn, info, version_num))
         exists = await slots.publication_exists(conn, src.publication)
         if not exists:
@@ -164,6 +167,20 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
         return EXIT_USAGE
     failed = [f for f in findings if f.status == FAIL]
     return EXIT_SOURCE if failed else EXIT_OK
+
+
+async def _untaken_snapshot_finding(conn: Any, config: Config) -> Finding:
+    """The slot exists, ``snapshot.mode`` asks for the existing rows, and no snapshot of this
+    configuration was taken: what ``cdcd run`` will do (:func:`existing_slot_backfill`)."""
+    tables, problem = await existing_slot_backfill(conn, config)
+    if problem is not None:
+        return Finding("snapshot", FAIL, problem)
+    return Finding(
+        "snapshot",
+        WARN,
+        f"the slot exists and no snapshot was taken: cdcd run backfills every published table "
+        f"({len(tables)}) with an incremental snapshot",
+    )
 
 
 async def _watermark_finding(conn: Any, mode: str) -> Finding:
@@ -370,6 +387,12 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
                 )
             else:
                 out.write(f"slot {src.slot!r} already exists\n")
+            if untaken_snapshot(config):
+                out.write(
+                    f"snapshot.mode is {config.snapshot.mode}: with no snapshot taken yet, "
+                    "cdcd run backfills every published table with an incremental snapshot "
+                    "(cdcd check tells whether it can)\n"
+                )
             return EXIT_OK
         if action == "drop":
             # cdcd starts over: a new slot and a new snapshot (see Source.prepare)

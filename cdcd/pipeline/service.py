@@ -121,6 +121,8 @@ class Pipeline:
             self.incremental = IncrementalSnapshot(
                 cfg, source, tracker, self.stats, flush=writer.request_flush
             )
+            if source.backfill is not None:  # a slot made outside cdcd: its snapshot
+                self.incremental.request(source.backfill)
             self.reader = reader = Reader(
                 cfg,
                 assembler,

@@ -110,6 +110,61 @@ async def _open_one(params: ConnParams, timeout: float) -> Any:
         raise TransientSourceError(f"cannot connect to {params.host}:{params.port}: {exc}") from exc
 
 
+def untaken_snapshot(config: Config) -> bool:
+    """Whether ``snapshot.mode`` asks for the existing rows and ``snapshot.state_dir`` shows
+    no snapshot of this configuration taken or under way, nor any streaming from the slot: a
+    slot that exists then was made outside cdcd's start (``cdcd slot create``, a DBA), and
+    streaming from it alone would skip every row that existed before it."""
+    cfg = config.snapshot
+    if cfg.mode not in ("initial", "initial_only"):
+        return False
+    slot = config.source.slot
+    return (
+        streamed_before(cfg.state_dir, slot) is None
+        and not SnapshotState(cfg.state_dir, slot).running()
+    )
+
+
+async def existing_slot_backfill(conn: Any, config: Config) -> tuple[list[str], str | None]:
+    """For a slot found existing with no snapshot taken (:func:`untaken_snapshot`): the
+    published tables an incremental snapshot backfills, and why it cannot (with what to do),
+    or None. ``cdcd check`` reports the same."""
+    src = config.source
+    tables = await published_tables(conn, src.publication)
+    names = [f"{t.relation.namespace}.{t.relation.name}" for t in tables]
+    why = None
+    if config.snapshot.mode == "initial_only":
+        why = "snapshot.mode initial_only reads the snapshot a new slot exports"
+    elif not src.messages:
+        why = "source.messages is off, and an incremental snapshot's watermarks need it"
+    elif src.binary:
+        why = "source.binary is on, and an incremental snapshot compares keys as text"
+    elif await slots.in_recovery(conn):
+        why = "cdcd is connected to a standby, where an incremental snapshot cannot write its watermarks"
+    else:
+        keyless = [
+            name
+            for name, t in zip(names, tables, strict=True)
+            if not await primary_key(conn, t.relation.oid)
+        ]
+        if keyless:
+            why = (
+                f"{', '.join(keyless)} {'has' if len(keyless) == 1 else 'have'} neither a "
+                "primary key nor a replica identity index, which an incremental snapshot "
+                "reads by"
+            )
+    if why is None:
+        return names, None
+    return names, (
+        f"replication slot {src.slot!r} already exists and no snapshot of this configuration "
+        f"was taken ({config.snapshot.state_dir} records none), so streaming from it would skip "
+        f"the rows that existed before it; cdcd backfills such a slot with an incremental "
+        f"snapshot of every published table, but not here: {why}. Drop the slot ('cdcd slot "
+        "drop') and let cdcd create it with a snapshot of its own at start, or set "
+        "snapshot.mode: never to stream only the changes from the slot's position"
+    )
+
+
 class SnapshotPlan:
     """A slot just created with an exported snapshot, waiting to be read.
 
@@ -140,6 +195,9 @@ class Source:
         self.consistent_point: int | None = None
         #: set by :meth:`recreate_slot`: why the slot was replaced, for the pipeline's reset
         self.recreated: str | None = None
+        #: set by :meth:`prepare` when the slot existed but no snapshot of this configuration
+        #: was taken: the tables the pipeline backfills with an incremental snapshot
+        self.backfill: list[str] | None = None
 
     def where(self) -> str:
         """The server the catalog connection reached (``host:port``), else the DSN's hosts."""
@@ -262,11 +320,32 @@ class Source:
                 raise
         if info is not None:
             self._check_slot(info)
+            if plan is None and not self.slot_created and untaken_snapshot(self.config):
+                self.backfill = await self._take_untaken_snapshot(conn)
             if plan is None:
                 await self._ensure_failover(info)
-                record_slot(self.config.snapshot.state_dir, src.slot, info.confirmed_flush_lsn or 0)
+                if self.backfill is None:  # else once the backfill is requested (next start)
+                    record_slot(
+                        self.config.snapshot.state_dir, src.slot, info.confirmed_flush_lsn or 0
+                    )
         await self._warn_unprotected()
         return plan
+
+    async def _take_untaken_snapshot(self, conn: Any) -> list[str]:
+        """The slot existed before cdcd ever used it (``cdcd slot create``, a DBA's) and
+        ``snapshot.mode`` asks for the existing rows: every published table, to be backfilled
+        by an incremental snapshot (the slot's position does not matter to it); or refuse,
+        saying what to do, when that cannot be done."""
+        tables, problem = await existing_slot_backfill(conn, self.config)
+        if problem is not None:
+            raise DefiniteSourceError(problem)
+        log.warning(
+            "the replication slot existed before and no snapshot of this configuration was "
+            "taken: every published table is backfilled by an incremental snapshot",
+            slot=self.config.source.slot,
+            tables=len(tables),
+        )
+        return tables
 
     async def _warn_unprotected(self) -> None:
         """A failover slot on a primary without ``synchronized_standby_slots`` may send cdcd

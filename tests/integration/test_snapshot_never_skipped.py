@@ -1,11 +1,15 @@
 """A snapshot cdcd was configured to take is never skipped: cdcd stopping right after it created
 the slot (before recording the snapshot's consistent point) must end, at the next start, in a
 new slot and every existing row snapshotted — not in a slot whose next start skips the rows
-that existed before it."""
+that existed before it. Nor does a slot made before cdcd's first start skip them."""
 
 from __future__ import annotations
 
+import json
+import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +17,7 @@ from cdcd.config import load_config
 from cdcd.pipeline.service import Pipeline
 from cdcd.sinks.memory import MemorySink
 from cdcd.source.snapshot import SnapshotState
-from tests.e2e import write_config
+from tests.e2e import checked_events, run_cdcd, start_cdcd, write_config
 from tests.pgharness import PgDatabase
 
 pytestmark = [pytest.mark.pg, pytest.mark.timeout(120)]
@@ -56,3 +60,51 @@ async def test_crash_between_slot_creation_and_the_snapshot(
     # every row, those before the first slot included, from the new slot's snapshot
     assert snapshot == [*range(1, 301), 1000]
     assert SnapshotState(tmp_path / "cdcd-state", "cdcd_e2e").path.exists()
+
+
+def _rows(tmp_path: Path) -> dict[str, Any]:
+    path = tmp_path / "cdcd-state" / "cdcd_e2e.incremental.json"
+    return json.loads(path.read_text())["tables"] if path.exists() else {}
+
+
+def test_a_slot_made_before_is_backfilled(pg_db: PgDatabase, tmp_path: Path) -> None:
+    """``cdcd slot create`` (or a DBA) made the slot: ``snapshot.mode: initial`` still brings
+    every existing row, through an incremental snapshot; ``cdcd check`` says so first."""
+    pg_db.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);"
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 400) g"
+    )
+    cfg = write_config(tmp_path, pg_db.dsn, snapshot="initial")
+    created = run_cdcd("slot", "create", "--config", str(cfg)).stdout
+    assert "incremental snapshot" in created, created
+    check = run_cdcd("check", "--config", str(cfg), check=False).stdout
+    assert "backfills every published table (1)" in check, check
+    pg_db.execute("DELETE FROM t WHERE id <= 10; INSERT INTO t VALUES (1000, 'after')")
+    proc = start_cdcd("run", "--config", str(cfg), log_path=tmp_path / "cdcd.log")
+    try:
+        deadline = time.monotonic() + 60
+        while _rows(tmp_path).get("public.t", {}).get("status") != "done":
+            assert proc.poll() is None, (tmp_path / "cdcd.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the backfill did not end"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    run_cdcd("run", "--config", str(cfg), "--endpos")
+    events = checked_events(tmp_path / "out", "public.t")
+    read = sorted(e["after"]["id"] for e in events if e["op"] == "r")
+    assert read == [*range(11, 401), 1000]
+    # taken once: the next start streams on
+    check = run_cdcd("check", "--config", str(cfg), check=False).stdout
+    assert "backfills" not in check, check
+
+
+def test_a_slot_made_before_without_a_key_is_refused(pg_db: PgDatabase, tmp_path: Path) -> None:
+    pg_db.execute("CREATE TABLE k (v text); INSERT INTO k VALUES ('a')")
+    cfg = write_config(tmp_path, pg_db.dsn, snapshot="initial")
+    run_cdcd("slot", "create", "--config", str(cfg))
+    check = run_cdcd("check", "--config", str(cfg), check=False)
+    assert check.returncode == 3 and "public.k has neither" in check.stdout, check.stdout
+    run = run_cdcd("run", "--config", str(cfg), "--endpos", check=False)
+    assert run.returncode == 3, run.stderr
+    assert "cdcd slot drop" in run.stderr + run.stdout
