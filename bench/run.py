@@ -28,6 +28,10 @@ starts a cluster with the test harness's settings, then for each workload:
    ``cdcd_jsonl``           file sink, JSON Lines
    ``cdcd_parquet``         file sink, Parquet
    ``cdcd_kafka``           Kafka sink to a fresh tansu broker (idempotence off)
+   ``debezium_null``        W1, W2 and S1: Debezium's PostgreSQL connector (pgoutput) in its
+                            embedded engine, JSON records counted and discarded
+   ``debezium_kafka``       W1, W2: the same, each record produced to a fresh broker
+                            (bench/debezium_bench.py; ``ratio_vs_debezium`` on cdcd's rows)
 
 Workloads (``--quick`` divides sizes by 50; ``--scale`` sets the factor):
 
@@ -97,6 +101,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.debezium_bench import (  # noqa: E402
+    DEBEZIUM_CONTENDERS,
+    add_debezium_ratios,
+    debezium_missing,
+    run_debezium,
+)
 from bench.snapshot_bench import (  # noqa: E402
     SNAPSHOT_CONTENDERS,
     add_ratios,
@@ -119,7 +129,7 @@ STREAM_CONTENDERS = (
     "cdcd_parquet",
     "cdcd_kafka",
 )
-ALL_CONTENDERS = STREAM_CONTENDERS + SNAPSHOT_CONTENDERS
+ALL_CONTENDERS = STREAM_CONTENDERS + SNAPSHOT_CONTENDERS + DEBEZIUM_CONTENDERS
 PUBLICATION = "bench_pub"
 PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 minus 1970-01-01
 
@@ -263,9 +273,9 @@ def load_w5(db: PgDatabase, scale: float) -> int:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "W1": Workload("W1", W1_DDL, load_w1),
+    "W1": Workload("W1", W1_DDL, load_w1, contenders=STREAM_CONTENDERS + DEBEZIUM_CONTENDERS),
     "W1s": Workload("W1s", W1_DDL, load_w1, streaming=True),
-    "W2": Workload("W2", W2_DDL, load_w2),
+    "W2": Workload("W2", W2_DDL, load_w2, contenders=STREAM_CONTENDERS + DEBEZIUM_CONTENDERS),
     "W3": Workload("W3", W3_DDL, load_w3),
     "W4": Workload(
         "W4",
@@ -292,7 +302,11 @@ WORKLOADS: dict[str, Workload] = {
         memory_limit_mb=256,
     ),
     "S1": Workload(
-        "S1", W1_DDL.replace("w1", "s1"), load_s1, contenders=SNAPSHOT_CONTENDERS, snapshot=True
+        "S1",
+        W1_DDL.replace("w1", "s1"),
+        load_s1,
+        contenders=(*SNAPSHOT_CONTENDERS, "debezium_null"),
+        snapshot=True,
     ),
 }
 
@@ -760,6 +774,7 @@ def run_workload(
         rows = report(cluster, wl, results, wal)
         if wl.snapshot:
             add_ratios(rows)
+        add_debezium_ratios(rows)
         return rows
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -879,6 +894,12 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
         return result
     if contender.startswith("cdcd_"):
         check_checkout(setup.checkout)
+    if contender in DEBEZIUM_CONTENDERS:
+        if contender == "debezium_kafka":
+            with kafka_broker() as broker:
+                setup.kafka = broker
+                return run_debezium(setup, slot, contender, PUBLICATION)
+        return run_debezium(setup, slot, contender, PUBLICATION)
     if contender in SNAPSHOT_CONTENDERS:
         return run_snapshot(setup, slot, contender)
     if contender == "pg_recvlogical":
@@ -1068,6 +1089,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 "load_rows_per_s",
                 "spilled_bytes",
                 "rendered",
+                "startup_seconds",
+                "ratio_vs_debezium",
             )
             if k in r
         )
@@ -1152,6 +1175,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.peer.exists():
         log(f"peer script {args.peer} not found: skipping the psycopg2 contenders")
         wanted = [c for c in wanted if not c.startswith("psycopg2_")]
+    missing = debezium_missing() if any(c in DEBEZIUM_CONTENDERS for c in wanted) else None
+    if missing is not None:
+        log(f"{missing}: skipping the Debezium contenders")
+        wanted = [c for c in wanted if c not in DEBEZIUM_CONTENDERS]
     checkout = prepare_checkout(REPO)
     baseline = checkout if args.baseline is None else prepare_checkout(args.baseline)
     log(
