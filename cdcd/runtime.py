@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import signal
+import sys
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+from cdcd.errors import EXIT_FAILURE
 
 T = TypeVar("T")
 
@@ -34,23 +39,70 @@ def tune_gc() -> None:
 
 
 def on_stop_signals(handler: Callable[[], None]) -> Callable[[], None]:
-    """Call ``handler`` on SIGTERM and SIGINT; returns what removes the handlers."""
+    """Call ``handler`` on the first SIGTERM or SIGINT; returns what removes the handlers.
+
+    The first signal asks for an orderly stop. From then on both signals have their default
+    action again, so a second one ends the process at once, by the kernel, even while the event
+    loop is busy (exit status 128 + the signal's number: 143 for SIGTERM, 130 for SIGINT). That
+    is as safe as a crash: nothing is confirmed that is not durable, and a file is published
+    complete or not at all.
+    """
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, handler)
+    signals = (signal.SIGTERM, signal.SIGINT)
+    stopping = False
+
+    def on_signal(number: int) -> None:
+        nonlocal stopping
+        if stopping:  # a second one the loop read along with the first
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+            return
+        stopping = True
+        for sig in signals:
+            signal.signal(sig, signal.SIG_DFL)
+        handler()
+
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal, int(sig))
 
     def remove() -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in signals:
             loop.remove_signal_handler(sig)
 
     return remove
+
+
+#: how long past ``shutdown.grace_period`` a stopping daemon may take before it is ended
+WATCHDOG_MARGIN = 10.0
+
+
+def exit_after(seconds: float, code: int) -> None:
+    """End the process with ``code`` in ``seconds`` unless it has exited by then: the last
+    resort after a stop request, should something not return in time (a thread blocked in a
+    write or an upload holds up the interpreter's exit)."""
+
+    def end() -> None:
+        sys.stderr.write(
+            f"cdcd: still running {seconds:.0f} s after the stop request; exiting now\n"
+        )
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, end)
+    timer.daemon = True
+    timer.start()
 
 
 async def _run_pipeline(config: Any, endpos: int | None) -> int:
     from cdcd.pipeline.service import Pipeline
 
     pipeline = Pipeline(config, endpos=endpos)
-    remove = on_stop_signals(pipeline.request_stop)
+
+    def stop() -> None:
+        pipeline.request_stop()
+        exit_after(config.shutdown.grace_period + WATCHDOG_MARGIN, EXIT_FAILURE)
+
+    remove = on_stop_signals(stop)
     try:
         return await pipeline.run()
     finally:

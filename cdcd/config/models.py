@@ -403,8 +403,10 @@ def _read_password_file(path: Path) -> str:
 def _split_listen(listen: str) -> tuple[str, int]:
     """``"127.0.0.1:8080"``, ``"[::1]:8080"``, ``":8080"`` -> (host, port)."""
     host, sep, port_text = listen.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+    if not sep or not port_text.isdigit():
         raise ValueError("expected HOST:PORT such as 127.0.0.1:8080 (or null to disable)")
+    if int(port_text) > 65535:
+        raise ValueError(f"port {port_text} is out of range (0-65535; 0: any free port)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host or "0.0.0.0", int(port_text)

@@ -9,22 +9,31 @@
 Each stage is its own module in :mod:`cdcd.pipeline`; this one only builds them, takes the
 initial snapshot when the source asks for one, starts the tasks, and stops them: a failure of
 any task stops all of them (no zombie tasks) and propagates; a stop request (SIGTERM/SIGINT)
-or ``--endpos`` stops reading, drains the writer (bounded by ``shutdown.grace_period`` unless
-draining to ``--endpos``), flushes every sink and confirms what is durable.
+or ``--endpos`` stops reading, drains the writer, flushes every sink and confirms what is
+durable.
+
+A stop request is honoured in every phase (docs/operating.md): before streaming starts
+(waiting for an unreachable source, creating the slot, the initial snapshot, the reset after a
+recreated slot) the phase is cancelled, which leaves what a crash there would leave and the
+next start takes it up again; while streaming, the drain (writer, sinks' flush, the final
+confirmation) is bounded by ``shutdown.grace_period``, after which what is durable is
+confirmed and the rest is sent again at the next start. Either way the exit code is 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import os
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import structlog
 
 from cdcd.assembler.assembler import COMPACT_BYTES, Assembler
 from cdcd.benchlog import LatencyLog, write_stats
 from cdcd.config import Config
-from cdcd.errors import EXIT_FAILURE, EXIT_OK
+from cdcd.errors import EXIT_OK, ConfigError
 from cdcd.events.encoder import Encoder
 from cdcd.pipeline.acker import Acker
 from cdcd.pipeline.incremental import IncrementalSnapshot
@@ -43,6 +52,12 @@ from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.pipeline")
 
+T = TypeVar("T")
+
+
+class _Stopped(Exception):
+    """A stop request ended a phase before streaming (:meth:`Pipeline._unless_stopped`)."""
+
 
 class Pipeline:
     """One running daemon. ``stats`` may be read at any time (the HTTP endpoint does)."""
@@ -59,106 +74,153 @@ class Pipeline:
         self.tracker: ProgressTracker | None = None
         self.incremental: IncrementalSnapshot | None = None
         self.recreator: SlotRecreator | None = None
+        self.supervisor: Supervisor | None = None
         self._stop = asyncio.Event()
         self._latency = LatencyLog.from_env()  # bench/run.py only (cdcd.benchlog)
 
     def request_stop(self) -> None:
         """SIGTERM/SIGINT: stop reading, drain the sinks, confirm what is durable."""
         if not self._stop.is_set():
-            log.info("stopping: draining sinks")
+            log.info(
+                "stopping: draining sinks (a second SIGTERM/SIGINT exits at once)",
+                grace_period_s=self.config.shutdown.grace_period,
+            )
             self._stop.set()
 
-    async def run(self) -> int:
-        cfg = self.config
-        source = Source(cfg)
-        health = None
-        if cfg.http.enabled:
-            from cdcd.health import Health
-
-            health = Health(self.stats)
-            assert cfg.http.host is not None and cfg.http.port is not None
-            await health.start(cfg.http.host, cfg.http.port)
-        supervisor: Supervisor | None = None
+    async def _unless_stopped(self, phase: str, step: Awaitable[T]) -> T:
+        """``step``'s result, unless a stop request comes first: then ``step`` is cancelled
+        (and waited for, within ``shutdown.grace_period``) and :class:`_Stopped` raised."""
+        task = asyncio.ensure_future(step)
+        stop = asyncio.create_task(self._stop.wait())
         try:
-            # wal_level, publication, slot (definite errors raise here)
-            plan = await source.prepare()
-            context = SinkContext(
-                name=cfg.name, database=source.database, config_dir=cfg.config_dir
-            )
-            catalog = LiveCatalog(source.catalog_conn)
-            self.assembler = assembler = Assembler(
-                memory_limit=cfg.buffer.memory_limit,
-                spill_dir=cfg.buffer.spill_dir,
-                on_type=catalog.types.observe,
-                part_bytes=COMPACT_BYTES,  # transactions go to the sinks while they arrive
-            )
-            self.sinks = [load_sink_class(spec.type)(spec.config, context) for spec in cfg.sinks]
-            self.tracker = tracker = ProgressTracker(len(self.sinks))
-            encoder = Encoder(context, catalog)
-            if any(sink.writes_json for sink in self.sinks):
-                assembler.render = encoder.render  # docs/assembler.md
-            self.writer = writer = Writer(
-                self.sinks,
-                encoder,
-                tracker,
-                self.stats,
-                memory_limit=cfg.buffer.memory_limit,
-                max_transactions=cfg.buffer.queue_transactions,
-                latency=self._latency,
-            )
-            for sink in self.sinks:
-                await sink.start()
-            if plan is not None:
-                try:
-                    await initial_snapshot(
-                        cfg, source, plan, writer, encoder, catalog, tracker, self.stats
-                    )
-                finally:
-                    await plan.close()
-            if cfg.snapshot.mode == "initial_only":
-                log.info("snapshot.mode is initial_only: done")
-                return EXIT_OK
-            self.incremental = IncrementalSnapshot(
-                cfg, source, tracker, self.stats, flush=writer.request_flush
-            )
-            if source.backfill is not None:  # a slot made outside cdcd: its snapshot
-                self.incremental.request(source.backfill)
-            self.reader = reader = Reader(
-                cfg,
-                assembler,
-                catalog,
-                tracker,
-                writer,
-                self.stats,
-                endpos=self.endpos,
-                stop=self._stop,
-                watermarks=self.incremental.watermarks,
-            )
-            supervisor = Supervisor(source, reader, catalog, self.stats, self._stop)
-            self.recreator = SlotRecreator(
-                cfg, source, writer, tracker, catalog, self.incremental, self.stats
-            )
-            if cfg.source.on_slot_lost == "recreate":
-                supervisor.on_slot_lost = self.recreator.after_loss
-            if source.recreated is not None:  # replaced at start-up: reset, then backfill
-                assert source.consistent_point is not None
-                await self.recreator.reset(source.consistent_point, source.recreated)
-            self.acker = Acker(
-                tracker, assembler, writer, reader, supervisor, self.stats, self._stop
-            )
-            return await self._stream(supervisor, reader, writer, self.acker, source)
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        log.info("stopping before streaming started", phase=phase)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=self.config.shutdown.grace_period)
+        if done and not task.cancelled() and task.exception() is not None:
+            log.info("the interrupted phase ended with an error", error=str(task.exception()))
+        raise _Stopped(phase)
+
+    async def run(self) -> int:
+        health = await self._start_health()
+        source = Source(self.config)
+        try:
+            return await self._run(source, health)
+        except _Stopped:
+            return EXIT_OK
         finally:
             for sink in self.sinks:
                 with contextlib.suppress(Exception):
                     await sink.close()
-            if supervisor is not None:
-                await supervisor.close_client()
+            if self.supervisor is not None:
+                await self.supervisor.close_client()
             await source.close()
             if health is not None:
                 await health.close()
             write_stats(self.stats, self.assembler)
             if self._latency is not None:
                 self._latency.close()
+
+    async def _start_health(self) -> Any:
+        """The HTTP endpoint (``http.listen``), before anything is created on the source: an
+        address that cannot be bound is a config problem (exit 2), not a crash."""
+        cfg = self.config.http
+        if not cfg.enabled:
+            return None
+        from cdcd.health import Health
+
+        health = Health(self.stats)
+        assert cfg.host is not None and cfg.port is not None
+        try:
+            await health.start(cfg.host, cfg.port)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ConfigError(
+                f"http.listen: cannot listen on {cfg.listen}: {reason} (another process, or "
+                "another cdcd, uses it?); choose another address, or set http.listen: null to "
+                "disable the endpoint"
+            ) from exc
+        return health
+
+    async def _run(self, source: Source, health: Any) -> int:
+        cfg = self.config
+        # wal_level, publication, slot (definite errors raise here)
+        plan = await self._unless_stopped("start-up", source.prepare())
+        context = SinkContext(name=cfg.name, database=source.database, config_dir=cfg.config_dir)
+        catalog = LiveCatalog(source.catalog_conn)
+        self.assembler = assembler = Assembler(
+            memory_limit=cfg.buffer.memory_limit,
+            spill_dir=cfg.buffer.spill_dir,
+            on_type=catalog.types.observe,
+            part_bytes=COMPACT_BYTES,  # transactions go to the sinks while they arrive
+        )
+        self.sinks = [load_sink_class(spec.type)(spec.config, context) for spec in cfg.sinks]
+        self.tracker = tracker = ProgressTracker(len(self.sinks))
+        encoder = Encoder(context, catalog)
+        if any(sink.writes_json for sink in self.sinks):
+            assembler.render = encoder.render  # docs/assembler.md
+        self.writer = writer = Writer(
+            self.sinks,
+            encoder,
+            tracker,
+            self.stats,
+            memory_limit=cfg.buffer.memory_limit,
+            max_transactions=cfg.buffer.queue_transactions,
+            latency=self._latency,
+        )
+        try:
+            for sink in self.sinks:
+                await self._unless_stopped("starting the sinks", sink.start())
+            if plan is not None:
+                await self._unless_stopped(
+                    "initial snapshot",
+                    initial_snapshot(
+                        cfg, source, plan, writer, encoder, catalog, tracker, self.stats
+                    ),
+                )
+        finally:
+            if plan is not None:
+                await plan.close()
+        if cfg.snapshot.mode == "initial_only":
+            log.info("snapshot.mode is initial_only: done")
+            return EXIT_OK
+        self.incremental = IncrementalSnapshot(
+            cfg, source, tracker, self.stats, flush=writer.request_flush
+        )
+        if source.backfill is not None:  # a slot made outside cdcd: its snapshot
+            self.incremental.request(source.backfill)
+        self.reader = reader = Reader(
+            cfg,
+            assembler,
+            catalog,
+            tracker,
+            writer,
+            self.stats,
+            endpos=self.endpos,
+            stop=self._stop,
+            watermarks=self.incremental.watermarks,
+        )
+        self.supervisor = supervisor = Supervisor(source, reader, catalog, self.stats, self._stop)
+        self.recreator = SlotRecreator(
+            cfg, source, writer, tracker, catalog, self.incremental, self.stats
+        )
+        if cfg.source.on_slot_lost == "recreate":
+            supervisor.on_slot_lost = self.recreator.after_loss
+        if source.recreated is not None:  # replaced at start-up: reset, then backfill
+            assert source.consistent_point is not None
+            await self._unless_stopped(
+                "reset after the slot was recreated",
+                self.recreator.reset(source.consistent_point, source.recreated),
+            )
+        self.acker = Acker(tracker, assembler, writer, reader, supervisor, self.stats, self._stop)
+        return await self._stream(supervisor, reader, writer, self.acker, source)
 
     async def _stream(
         self, supervisor: Supervisor, reader: Reader, writer: Writer, acker: Acker, source: Source
@@ -203,17 +265,9 @@ class Pipeline:
             writer.close()
             if reader.endpos_reached:
                 await writing
+                await writer.flush_all()
             else:
-                try:
-                    await asyncio.wait_for(writing, timeout=self.config.shutdown.grace_period)
-                except TimeoutError:
-                    log.error(
-                        "shutdown grace period expired before the sinks drained; what was "
-                        "not confirmed will be sent again at the next start",
-                        grace_period_s=self.config.shutdown.grace_period,
-                    )
-                    return EXIT_FAILURE
-            await writer.flush_all()
+                await self._drain(writing, writer)
             await acker.acknowledge(final=True)
             if self.incremental is not None:
                 self.incremental.record_durable()
@@ -224,3 +278,25 @@ class Pipeline:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _drain(self, writing: asyncio.Task[Any], writer: Writer) -> None:
+        """After a stop request: the writer's queue into the sinks and their flush, within
+        ``shutdown.grace_period`` in all; past it, what is durable by then is confirmed (by
+        the caller) and the rest is sent again at the next start."""
+        grace = self.config.shutdown.grace_period
+
+        async def drain() -> None:
+            await writing
+            await writer.flush_all()
+
+        try:
+            await asyncio.wait_for(drain(), timeout=grace)
+        except TimeoutError:
+            log.warning(
+                "shutdown grace period expired before the sinks drained; confirming what is "
+                "durable, the rest is sent again at the next start",
+                grace_period_s=grace,
+            )
+            writing.cancel()
+            with contextlib.suppress(BaseException):
+                await writing

@@ -11,6 +11,7 @@ Clusters with unusual settings are private (``pg_cluster_factory``, or one modul
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,6 +65,38 @@ def test_invalid_config_reports_every_problem(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_USAGE, proc.stderr
     assert "buffr: unknown key" in proc.stderr
     assert "sinks[0].format" in proc.stderr and "csv" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("listen", "problem"),
+    [("127.0.0.1:70000", "out of range"), ("localhost", "HOST:PORT")],
+    ids=["port-out-of-range", "no-port"],
+)
+def test_bad_http_listen_exits_2(tmp_path: Path, listen: str, problem: str) -> None:
+    cfg = write_config(tmp_path, NOWHERE)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["http"] = {"listen": listen}
+    cfg.write_text(yaml.safe_dump(raw))
+    proc = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert "http.listen" in proc.stderr and problem in proc.stderr, proc.stderr
+
+
+def test_http_listen_in_use_exits_2_before_connecting(tmp_path: Path) -> None:
+    """The endpoint is bound before cdcd connects to the source (NOWHERE would be retried):
+    an address in use stops it before any slot or publication could be created."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = write_config(tmp_path, NOWHERE)
+        raw = yaml.safe_load(cfg.read_text())
+        raw["http"] = {"listen": f"127.0.0.1:{port}"}
+        cfg.write_text(yaml.safe_dump(raw))
+        proc = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert f"http.listen: cannot listen on 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "in use" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 # --------------------------------------------------------------------------- wal_level
