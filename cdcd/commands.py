@@ -18,6 +18,7 @@ from cdcd.errors import (
 )
 from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication.client import SlotExists
+from cdcd.source import publication as publications
 from cdcd.source import queries
 from cdcd.source import slot as slots
 from cdcd.source.prepare import existing_slot_backfill, untaken_snapshot
@@ -144,22 +145,7 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
             if untaken_snapshot(config):
                 findings.append(await _untaken_snapshot_finding(conn, config))
         findings.extend(await _failover_findings(source, conn, info, version_num))
-        exists = await slots.publication_exists(conn, src.publication)
-        if not exists:
-            findings.append(
-                Finding(
-                    "publication",
-                    OK if src.create_publication else FAIL,
-                    f"{src.publication!r} does not exist"
-                    + (" (will be created)" if src.create_publication else ""),
-                )
-            )
-        else:
-            tables = await slots.publication_tables(conn, src.publication)
-            findings.append(
-                Finding("publication", OK, f"{src.publication!r}: {len(tables)} tables")
-            )
-            findings.extend(await _replica_identity(conn, src.publication))
+        findings.extend(await _publication_findings(conn, src))
     finally:
         await source.close()
     _table(findings, out)
@@ -349,23 +335,109 @@ async def _standby_finding(conn: Any, where: str, slot: str, wanted: bool) -> Fi
     return Finding(where, OK, f"standby; slot {slot!r} synchronised, ready for a failover")
 
 
-async def _replica_identity(conn: Any, publication: str) -> list[Finding]:
-    findings = []
-    for name, ident, has_pk, has_ri in await queries.replica_identities(conn, publication):
-        label = {"d": "default", "n": "nothing", "f": "full", "i": "index"}.get(ident, ident)
-        if ident == "n" or (ident == "d" and not has_pk) or (ident == "i" and not has_ri):
-            findings.append(
-                Finding(
-                    f"  {name}",
-                    WARN,
-                    f"replica identity {label} without a usable key: UPDATE/DELETE fail on the "
-                    "server or lose old values; add a primary key or ALTER TABLE ... REPLICA "
-                    "IDENTITY FULL",
-                )
-            )
+async def _publication_findings(conn: Any, src: Any) -> list[Finding]:
+    """The publication (as it is, or as cdcd run would create it) and one row per table it
+    covers with its replica identity; FAIL for a table whose UPDATE/DELETE would fail once
+    published and that cdcd run would not fix (docs/keyless-tables.md)."""
+    tables = list(src.tables) or None
+    policy = src.keyless_tables
+    exists = await slots.publication_exists(conn, src.publication)
+    if not exists and not src.create_publication:
+        return [Finding("publication", FAIL, f"{src.publication!r} does not exist")]
+    pub = await publications.describe(conn, src.publication, tables)
+    handled: dict[str, str] = {}  # table -> what cdcd run does about it
+    if not exists:
+        listed = bool(tables) or policy in ("insert_only", "exclude")
+        try:
+            planned = publications.plan(pub, policy, listed)
+        except publications.BreakingTablesError:
+            planned = None
+        if planned is None:
+            shape = "FOR ALL TABLES" if not tables else "FOR TABLE source.tables"
+        elif planned.main is None:
+            shape = "FOR ALL TABLES"
         else:
-            note = "primary key" if has_pk else "no primary key: consumers match by the whole row"
-            findings.append(Finding(f"  {name}", OK, f"replica identity {label}, {note}"))
+            shape = f"FOR TABLE {len(planned.main)} tables"
+        if planned is not None and planned.insert_only is not None:
+            twin = src.insert_only_publication()
+            shape += f", and {twin!r} (inserts and truncates only)"
+            handled.update(
+                (t.qualified, f"published to {twin!r}: inserts and truncates only")
+                for t in planned.insert_only
+            )
+        if planned is not None:
+            handled.update((t.qualified, "left out of the publication") for t in planned.excluded)
+            handled.update(
+                (leaf.qualified, "cdcd run sets REPLICA IDENTITY FULL") for leaf in planned.full
+            )
+        head = Finding(
+            "publication",
+            OK,
+            f"{src.publication!r} does not exist (will be created {shape}; "
+            f"source.keyless_tables: {policy})",
+        )
+    else:
+        owner = "managed by cdcd" if pub.managed else "created outside cdcd: cdcd leaves it as is"
+        shape = "FOR ALL TABLES" if pub.all_tables else f"{len(pub.tables)} tables"
+        if not pub.updates_or_deletes:
+            shape += ", no updates or deletes"
+        head = Finding("publication", OK, f"{src.publication!r}: {shape} ({owner})")
+        if (
+            pub.managed
+            and policy != "refuse"
+            and not (pub.all_tables and policy in ("insert_only", "exclude"))
+        ):
+            for leaf in pub.breaking:
+                handled[leaf.qualified] = f"cdcd run fixes it (source.keyless_tables: {policy})"
+    findings = [head]
+    breaking = []
+    for table in pub.tables:
+        for leaf in table.leaves:
+            item = f"  {leaf.qualified}"
+            if leaf.qualified != table.qualified:
+                item += f" (partition of {table.qualified})"
+            fix = handled.get(leaf.qualified) or handled.get(table.qualified)
+            if leaf.usable or not pub.updates_or_deletes:
+                findings.append(Finding(item, OK, leaf.describe()))
+            elif fix is not None:
+                findings.append(Finding(item, WARN, f"{leaf.describe()}: {fix}"))
+            else:
+                breaking.append(leaf)
+                findings.append(
+                    Finding(
+                        item,
+                        FAIL,
+                        f"{leaf.describe()}: UPDATE and DELETE "
+                        f"{'fail' if exists else 'would fail'} once published. "
+                        f"Fix: {publications.fixes(leaf)}",
+                    )
+                )
+    if breaking:
+        findings.append(
+            Finding(
+                "keyless tables",
+                FAIL,
+                f"{', '.join(leaf.qualified for leaf in breaking)}: "
+                + (
+                    "cdcd run refuses to create the publication. "
+                    if not exists
+                    else "the publication breaks their writes now. "
+                )
+                + "Fix them, or set source.keyless_tables (insert_only, exclude, "
+                "replica_identity_full; docs/keyless-tables.md)",
+            )
+        )
+    twin = src.insert_only_publication()
+    if policy == "insert_only" and exists and await slots.publication_exists(conn, twin):
+        for table in (await publications.describe(conn, twin, None)).tables:
+            for leaf in table.leaves:
+                findings.append(
+                    Finding(
+                        f"  {leaf.qualified}",
+                        OK,
+                        f"{leaf.describe()}; in {twin!r}: inserts and truncates only",
+                    )
+                )
     return findings
 
 
@@ -378,9 +450,8 @@ async def slot_async(config: Config, action: str, out: TextIO = sys.stdout) -> i
         if action == "create":
             await source.connect_catalog()
             if src.create_publication:
-                await slots.ensure_publication(
-                    source.catalog_conn, src.publication, list(src.tables) or None
-                )
+                current = await publications.ensure(source.catalog_conn, src)
+                publications.warn_breaking(current)
             if await source.create_slot():
                 out.write(
                     f"created slot {src.slot!r} at {format_lsn(source.consistent_point or 0)}\n"

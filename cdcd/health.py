@@ -188,6 +188,20 @@ class StatsCollector(Collector):
             "WAL the slot holds back (current minus restart_lsn)",
             value=s.slot_retained_bytes,
         )
+        yield GaugeMetricFamily(
+            "cdcd_tables_breaking_writes",
+            "published tables whose UPDATE/DELETE fail on the server: no usable replica identity "
+            "(docs/keyless-tables.md)",
+            value=len(s.breaking_tables),
+        )
+        breaking = GaugeMetricFamily(
+            "cdcd_table_breaking_writes",
+            "1 for each published table whose UPDATE/DELETE fail on the server",
+            labels=["table"],
+        )
+        for table in s.breaking_tables:
+            breaking.add_metric([table], 1)
+        yield breaking
         yield from self._sinks()
 
     def _sinks(self) -> Iterator[Any]:

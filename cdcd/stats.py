@@ -109,6 +109,9 @@ class Stats:
     slot_recreations: int = 0
     slot_recreated_reason: str | None = None
     slot_recreated_at: float | None = None
+    #: published tables whose UPDATE/DELETE the server refuses (no usable replica identity;
+    #: cdcd.pipeline.publication_watch)
+    breaking_tables: list[str] = field(default_factory=list)
     # the assembler's gauges, refreshed by the reader after each batch
     buffered_bytes: int = 0
     spilled_bytes: int = 0

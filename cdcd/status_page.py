@@ -76,6 +76,7 @@ def collect(s: Stats) -> dict[str, Any]:
             else None,
         },
         "slot_wal_status": s.slot_wal_status,
+        "breaking_tables": list(s.breaking_tables),
         "retained_wal_bytes": s.slot_retained_bytes,
         "snapshot_rows": snapshot_rows,
         "tables": {t: tables[t] for t in sorted(tables)},
@@ -111,6 +112,7 @@ table { border-collapse: collapse; } th, td { padding: 4px 12px; text-align: lef
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 table.grid th, table.grid td { border-bottom: 1px solid #d5d9e0; }
 .muted { color: #667; font-size: 13px; }
+.alarm { background: #b3261e; color: #fff; padding: 8px 12px; border-radius: 6px; }
 """
 
 
@@ -153,6 +155,11 @@ def render(data: dict[str, Any]) -> bytes:
             _row("reconnects", data["reconnects"], "reconnects"),
             _row("slot recreated", _recreated(data.get("slot_recreated")), "slot-recreated"),
             _row(
+                "tables whose writes fail",
+                ", ".join(data.get("breaking_tables") or ()) or "none",
+                "breaking-tables",
+            ),
+            _row(
                 "slot WAL",
                 f"{data['slot_wal_status'] or 'unknown'}, retains {_size(data['retained_wal_bytes'])}",
                 "slot-wal",
@@ -186,6 +193,14 @@ def render(data: dict[str, Any]) -> bytes:
             '<th>status</th><th class="n">rows</th><th class="n">estimate</th>'
             f'<th class="n">done</th><th class="n">dropped</th></tr>{snapshots}</table>'
         )
+    breaking = data.get("breaking_tables") or []
+    alarm = (
+        f'<p class="alarm" id="breaking-alarm">UPDATE and DELETE fail on '
+        f"{e(', '.join(breaking))}: published without a usable replica identity "
+        "(see docs/keyless-tables.md)</p>"
+        if breaking
+        else ""
+    )
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="{REFRESH_SECONDS}">
@@ -194,7 +209,7 @@ def render(data: dict[str, Any]) -> bytes:
 <h1>cdcd {e(data["name"])} <span class="state {e(state)}" id="state">{e(state)}</span></h1>
 <div class="muted">{e(data["generated_at"])}, refreshes every {REFRESH_SECONDS} s ·
 <a href="/metrics">/metrics</a> · <a href="/readyz">/readyz</a></div>
-<h2>Replication</h2><table>{overview}</table>
+{alarm}<h2>Replication</h2><table>{overview}</table>
 <h2>Tables</h2>
 <table class="grid" id="tables"><tr><th>table</th>{head}<th class="n">total</th></tr>{rows}</table>
 {snapshots}

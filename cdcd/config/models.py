@@ -91,6 +91,13 @@ class SourceConfig(_Model):
     publication: str = "cdcd_pub"
     create_publication: bool = True
     tables: Annotated[list[str], BeforeValidator(_comma_list)] = Field(default_factory=list)
+    #: tables whose UPDATE/DELETE would fail once published (no primary key, no usable replica
+    #: identity; docs/keyless-tables.md): refuse to publish them, publish their inserts and
+    #: truncates only (a second publication), leave them out, or set REPLICA IDENTITY FULL
+    keyless_tables: Annotated[
+        Literal["refuse", "insert_only", "exclude", "replica_identity_full"],
+        BeforeValidator(_lowercase),
+    ] = "refuse"
     proto_version: Annotated[Literal[1, 2, 3, 4, "auto"], BeforeValidator(_numeric_string)] = "auto"
     streaming: OnOff = "auto"
     two_phase: bool = False
@@ -164,6 +171,17 @@ class SourceConfig(_Model):
             raise ValueError(f'expected "schema.table" names, not {", ".join(map(repr, bad))}')
         return tables
 
+    @field_validator("keyless_tables")
+    @classmethod
+    def _check_keyless_tables(cls, policy: str, info: ValidationInfo) -> str:
+        if policy != "refuse" and info.data.get("create_publication") is False:
+            raise ValueError(
+                f"{policy!r} applies to the publication cdcd creates and manages; with "
+                "source.create_publication: false the publication is yours (leave this at "
+                "'refuse': cdcd then only reports tables it breaks)"
+            )
+        return policy
+
     @field_validator("on_slot_lost")
     @classmethod
     def _check_on_slot_lost(cls, policy: str, info: ValidationInfo) -> str:
@@ -188,6 +206,18 @@ class SourceConfig(_Model):
         if minimum is not None and seconds < minimum:
             raise ValueError(f"must not be smaller than reconnect_min_backoff ({minimum:g} s)")
         return seconds
+
+    def insert_only_publication(self) -> str:
+        """The second publication under ``keyless_tables: insert_only``: ``<publication>_insert_only``
+        (cut to PostgreSQL's 63 bytes)."""
+        suffix = "_insert_only"
+        return self.publication.encode()[: 63 - len(suffix)].decode(errors="ignore") + suffix
+
+    def publication_names(self) -> list[str]:
+        """The publications cdcd streams from (pgoutput's ``publication_names``)."""
+        if self.keyless_tables == "insert_only":
+            return [self.publication, self.insert_only_publication()]
+        return [self.publication]
 
     def password(self) -> str | None:
         """The password: from ``password_file`` (read now, so a rotated file is honoured),

@@ -38,6 +38,7 @@ from cdcd.events.encoder import Encoder
 from cdcd.pipeline.acker import Acker
 from cdcd.pipeline.incremental import IncrementalSnapshot
 from cdcd.pipeline.progress import ProgressTracker
+from cdcd.pipeline.publication_watch import watch_publication
 from cdcd.pipeline.reader import Reader
 from cdcd.pipeline.recreate import SlotRecreator
 from cdcd.pipeline.slot_watch import watch_slot
@@ -232,6 +233,7 @@ class Pipeline:
             reading,
             asyncio.create_task(acker.run(), name="acker"),
             asyncio.create_task(watch_slot(source, self.stats), name="slot-watch"),
+            asyncio.create_task(watch_publication(source, self.stats), name="publication-watch"),
         }
         if self.incremental is not None:
             tasks.add(asyncio.create_task(self.incremental.run(), name="incremental-snapshot"))

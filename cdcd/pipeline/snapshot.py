@@ -189,7 +189,11 @@ async def initial_snapshot(
     try:  # opened one after the other: the first failure stops the rest
         for _ in range(cfg.workers):
             conns.append(await _open_at_snapshot(config, source, plan.name))
-        tables = await published_tables(conns[0], config.source.publication)
+        tables = [  # under keyless_tables: insert_only, the insert-only twin's too
+            table
+            for name in config.source.publication_names()
+            for table in await published_tables(conns[0], name)
+        ]
         chunks: list[TableChunk] = []
         for table in tables:  # one worker reads tables whole: ranges would only cost
             chunks += (

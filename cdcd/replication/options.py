@@ -45,7 +45,8 @@ def stream_options(source: Any, server_version: int) -> StreamOptions:
         raise ConfigError("source.streaming: 'parallel' needs proto_version 4 (PostgreSQL 16+)")
     options = {
         "proto_version": str(proto),
-        "publication_names": quote_ident(source.publication),
+        # under keyless_tables: insert_only, the insert-only twin too (docs/keyless-tables.md)
+        "publication_names": ",".join(quote_ident(n) for n in source.publication_names()),
     }
     if streaming != "off":
         options["streaming"] = streaming

@@ -31,6 +31,7 @@ from cdcd.errors import ConfigError, DefiniteSourceError, SlotLostError, Transie
 from cdcd.lsn import format_lsn
 from cdcd.replication.client import ReplicationClient, SlotExists
 from cdcd.replication.hosts import Role, connect_first
+from cdcd.source import publication as publications
 from cdcd.source import slot as slots
 from cdcd.source.snapshot import (
     RecreateState,
@@ -198,6 +199,8 @@ class Source:
         #: set by :meth:`prepare` when the slot existed but no snapshot of this configuration
         #: was taken: the tables the pipeline backfills with an incremental snapshot
         self.backfill: list[str] | None = None
+        #: published tables whose UPDATE/DELETE fail (logged at start; cdcd.pipeline watches)
+        self.breaking: list[str] = []
 
     def where(self) -> str:
         """The server the catalog connection reached (``host:port``), else the DSN's hosts."""
@@ -261,7 +264,8 @@ class Source:
                 "... FOR ALL TABLES)"
             )
         if src.create_publication:
-            await slots.ensure_publication(conn, src.publication, list(src.tables) or None)
+            # refuses (exit 3) to publish a table whose writes it would break
+            current = await publications.ensure(conn, src)
         elif not await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", src.publication
         ):
@@ -270,6 +274,10 @@ class Source:
                 "create it (CREATE PUBLICATION ... FOR ALL TABLES) or set "
                 "source.create_publication: true"
             )
+        else:
+            current = await publications.describe(conn, src.publication, None)
+        # already in effect (the DBA's publication, or a table created since): loud, not fatal
+        self.breaking = publications.warn_breaking(current)
         info = await slots.slot_info(conn, src.slot)
         state = SnapshotState(self.config.snapshot.state_dir, src.slot)
         wants_snapshot = self.config.snapshot.mode in ("initial", "initial_only")

@@ -1,5 +1,5 @@
-"""The source's one-line questions: WAL positions, slot lag and health, grants, replica
-identities, a standby's slot synchronisation, and logical messages written to the WAL.
+"""The source's one-line questions: WAL positions, slot lag and health, grants, a standby's
+slot synchronisation, and logical messages written to the WAL.
 
 Every function takes an open asyncpg connection on the source database. PostgreSQL docs:
 "System Administration Functions" (pg_current_wal_insert_lsn, pg_last_wal_replay_lsn,
@@ -41,16 +41,6 @@ _EMIT_GRANT_SQL = (
     "AND p.proargtypes[2] = 'text'::regtype"
 )
 
-_IDENTITY_SQL = """
-SELECT pt.schemaname || '.' || pt.tablename, c.relreplident,
-       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) AS has_pk,
-       EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) AS has_ri
-FROM pg_publication_tables pt
-JOIN pg_namespace n ON n.nspname = pt.schemaname
-JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-WHERE pt.pubname = $1 ORDER BY 1
-"""
-
 _SYNCED_SLOT_SQL = (
     "SELECT synced, temporary, invalidation_reason FROM pg_replication_slots WHERE slot_name = $1"
 )
@@ -86,16 +76,6 @@ async def emit_message_grant(conn: Any) -> tuple[str, bool]:
     """pg_logical_emit_message's text signature and whether this role may EXECUTE it."""
     signature, allowed = await conn.fetchrow(_EMIT_GRANT_SQL)
     return str(signature), bool(allowed)
-
-
-async def replica_identities(conn: Any, publication: str) -> list[tuple[str, str, bool, bool]]:
-    """Per published table: name, ``relreplident`` (d/n/f/i), has a primary key, has a replica
-    identity index."""
-    rows = []
-    for name, ident, has_pk, has_ri in await conn.fetch(_IDENTITY_SQL, publication):
-        ident = ident.decode() if isinstance(ident, bytes) else str(ident)
-        rows.append((str(name), ident, bool(has_pk), bool(has_ri)))
-    return rows
 
 
 async def standby_slot_sync(conn: Any, slot: str) -> tuple[dict[str, str], Any]:

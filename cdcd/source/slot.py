@@ -83,6 +83,10 @@ async def _run(what: str, call: Callable[[], Awaitable[T]]) -> T:
         return await call()
 
 
+#: for the other catalog modules of cdcd.source: a call with asyncpg's errors translated
+run_sql = _run
+
+
 async def server_version(conn: Any) -> int:
     """``server_version_num`` of the server behind ``conn``."""
     return int(await _run("server_version_num", lambda: conn.fetchval("SHOW server_version_num")))

@@ -239,6 +239,7 @@ def test_tables_without_a_key_in_incremental_snapshots(pg_db: PgDatabase, tmp_pa
     is refused by ``cdcd snapshot --table`` and skipped by the daemon, each naming the table."""
     pg_db.execute(
         "CREATE TABLE keyless (a int, b text);"
+        "ALTER TABLE keyless REPLICA IDENTITY FULL;"  # publishable, still without a key
         "INSERT INTO keyless SELECT g, 'b' || g FROM generate_series(1, 100) g;"
         "CREATE TABLE ri (a int NOT NULL, b int NOT NULL, v text);"
         "CREATE UNIQUE INDEX ri_ab ON ri (b, a);"

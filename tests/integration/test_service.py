@@ -8,8 +8,8 @@
 * SIGTERM in the middle of a workload drains: exit 0; a restart up to ``--endpos`` then yields
   exactly the source rows, with no position ``(commit_lsn, seq)`` twice;
 * ``cdcd check`` on a healthy server (exit 0; the report names server version, wal_level,
-  protocol, slot, publication and the replica identity of each table, with a warning row for a
-  table without a key), and on a server with ``wal_level=replica`` (exit 3);
+  protocol, slot, publication and the replica identity of each table, a table without a key
+  in the insert-only publication), and on a server with ``wal_level=replica`` (exit 3);
 * ``cdcd quickstart`` headless: bounded time, exit 0, events of the snapshot and the workload;
 * a config whose ``${VAR}`` is not set: exit 2 naming the key and the variable.
 
@@ -366,6 +366,10 @@ def test_check_healthy_server_reports_every_item(pg_db: PgDatabase, tmp_path: Pa
     pg_db.execute("CREATE TABLE audit (id int, what text)")
     pg_db.execute("ALTER TABLE audit REPLICA IDENTITY FULL")
     cfg = service_config(tmp_path, pg_db.dsn, None)
+    # events_log's writes would fail once published for updates: its inserts only
+    data = yaml.safe_load(cfg.read_text())
+    data["source"]["keyless_tables"] = "insert_only"
+    cfg.write_text(yaml.safe_dump(data))
     run_cdcd("slot", "create", "--config", str(cfg))
     code, rows = check_report(cfg)
     assert code == 0, rows
@@ -374,11 +378,12 @@ def test_check_healthy_server_reports_every_item(pg_db: PgDatabase, tmp_path: Pa
     assert rows["wal_level"] == ("ok", "logical")
     assert rows["protocol"][0] == "ok" and "proto_version=" in rows["protocol"][1]
     assert rows["slot"][0] == "ok" and "'cdcd_e2e'" in rows["slot"][1]
-    assert rows["publication"] == ("ok", "'cdcd_e2e_pub': 3 tables")
+    assert rows["publication"] == ("ok", "'cdcd_e2e_pub': 2 tables (managed by cdcd)")
     assert rows["public.orders"][0] == "ok" and "primary key" in rows["public.orders"][1]
     assert rows["public.audit"][0] == "ok" and "replica identity full" in rows["public.audit"][1]
     status, detail = rows["public.events_log"]
-    assert status == "warn" and "replica identity default without a usable key" in detail
+    assert status == "ok" and "replica identity default without a primary key" in detail
+    assert "'cdcd_e2e_pub_insert_only': inserts and truncates only" in detail
 
 
 @pytest.mark.pg

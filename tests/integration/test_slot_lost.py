@@ -310,7 +310,12 @@ def test_recreate_refused_for_a_table_without_a_key(
     backfilled: ``recreate`` stops with exit 3 naming it, before the slot is touched, and no
     reset reaches the sinks."""
     cluster = _cluster(pg_cluster_factory)
-    cluster.execute("CREATE TABLE bare (v int); INSERT INTO bare VALUES (1)", DB)
+    # FULL: publishable (cdcd refuses to publish a table whose writes would break), still keyless
+    cluster.execute(
+        "CREATE TABLE bare (v int); ALTER TABLE bare REPLICA IDENTITY FULL;"
+        "INSERT INTO bare VALUES (1)",
+        DB,
+    )
     text = _exit_3_after_loss(tmp_path, cluster, "recreate")
     assert "cannot backfill public.bare" in text and "REPLICA IDENTITY USING INDEX" in text, text
     assert _wal_status(cluster) == "lost"  # the old slot is still there, untouched
