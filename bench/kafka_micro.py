@@ -80,8 +80,8 @@ async def drain(bootstrap: str, txns: list, options: dict) -> tuple[int, float, 
     from cdcd.events.catalog import StaticCatalog
     from cdcd.events.encoder import Encoder
     from cdcd.sinks.base import SinkContext
-    from cdcd.sinks.kafka import KafkaSink
-    from cdcd.sinks.kafka_client import KafkaSinkConfig
+    from cdcd.sinks.kafka.client import KafkaSinkConfig
+    from cdcd.sinks.kafka.sink import KafkaSink
 
     context = SinkContext("bench", "bench", Path())
     config = KafkaSinkConfig(

@@ -59,10 +59,10 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.events.change_event",
     "cdcd.events.encoder",
     "cdcd.decoder.copy_text",
-    "cdcd.sinks.kafka_partition",
-    "cdcd.sinks.kafka_recordbatch",
-    "cdcd.sinks.kafka_batches",
-    "cdcd.sinks.parquet_columns",
+    "cdcd.sinks.kafka.partition",
+    "cdcd.sinks.kafka.recordbatch",
+    "cdcd.sinks.kafka.batches",
+    "cdcd.sinks.file.parquet_columns",
 )
 
 #: The mypyc group of COMPILED_MODULES: its shared library is ``cdcd/compiled__mypyc.<suffix>``.

@@ -15,7 +15,7 @@
  *
  * It also gathers a run of rows' column values into Arrow buffers (arrow_columns), what
  * pa.array gives for the same values (tests/unit/test_parquet_columns.py), and writes Kafka records into a record batch's buffer (kafka_record), exactly as
- * cdcd.sinks.kafka_recordbatch.write_record_python does (tests/unit/test_kafka_recordbatch.py).
+ * cdcd.sinks.kafka.recordbatch.write_record_python does (tests/unit/test_kafka_recordbatch.py).
  *
  * README "Compiled fast paths" says how it is built and when it is used (cdcd/_purepy.py,
  * C_MODULES: setup.py builds it beside the mypyc modules, with the same build record).
@@ -1068,7 +1068,7 @@ PyDoc_STRVAR(kafka_record_doc,
 "Write one Kafka record (message format v2) into the bytearray ``buffer`` at ``pos`` and return\n"
 "the position after it, or -1 when ``limit`` is not negative and the record would end past it\n"
 "(nothing written). ``buffer`` grows to twice its size, or to what the record needs. Exactly\n"
-"what cdcd.sinks.kafka_recordbatch.write_record_python writes: the record's length, attributes\n"
+"what cdcd.sinks.kafka.recordbatch.write_record_python writes: the record's length, attributes\n"
 "0, ``delta`` and ``count`` as the timestamp and offset deltas, ``key`` and ``value`` (None:\n"
 "length -1), ``header_count``, then the encoded headers ``head``, a ``cdcd.seq`` header with\n"
 "``seq`` in decimal unless ``seq`` is negative, and ``tail``; zigzag varints throughout.");
@@ -1202,7 +1202,7 @@ PyDoc_STRVAR(arrow_columns_doc,
 "None when no value is null, int32 ``offsets``. What ``pa.array(column, pa.binary())`` holds for\n"
 "``column = [row[i] for row in rows]``. None when a row is not a tuple of ``width`` values, a\n"
 "value is neither bytes nor None, or a column holds 2 GiB or more: the caller then takes its\n"
-"Python path (cdcd.sinks.parquet_columns, ColumnBuilder._image).");
+"Python path (cdcd.sinks.file.parquet_columns, ColumnBuilder._image).");
 
 static PyObject *arrow_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;

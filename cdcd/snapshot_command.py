@@ -17,9 +17,9 @@ from cdcd import snapshot_follow
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
 from cdcd.lsn import parse_lsn
-from cdcd.pipeline.incremental import NO_KEY, IncrementalState
-from cdcd.pipeline.watermarks import SIGNAL
 from cdcd.progress_rate import duration
+from cdcd.snapshot.incremental import NO_KEY, IncrementalState
+from cdcd.snapshot.watermarks import SIGNAL
 from cdcd.source import conn_params, open_sql
 from cdcd.source.queries import emit_message
 from cdcd.source.snapshot import key_problem, primary_key, published_tables

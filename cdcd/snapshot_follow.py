@@ -17,8 +17,8 @@ from typing import Any, TextIO
 
 from cdcd.config import Config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
-from cdcd.pipeline.incremental import IncrementalState
 from cdcd.progress_rate import RateMeter, duration
+from cdcd.snapshot.incremental import IncrementalState
 
 #: a table's snapshot has ended in these statuses
 ENDED = ("done", "skipped", "removed")

@@ -11,12 +11,14 @@ PostgreSQL's apply worker truncates its spool file (``src/backend/replication/lo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from cdcd.assembler.sizes import record_size
 
 if TYPE_CHECKING:
-    from cdcd.assembler.assembler import _Buffer
+    from cdcd.assembler.spill import SpillFile
+    from cdcd.assembler.transaction import ChangeRecord
+    from cdcd.decoder.events import Relation
 
 
 @dataclass(slots=True)
@@ -29,7 +31,21 @@ class Subxact:
     offset: int | None  # spill stream offset of its first change, once in spill format
 
 
-def abort_subxact(buf: _Buffer, subxid: int) -> int:
+class Buffer(Protocol):
+    """What an abort changes of a streamed transaction's buffer (the assembler's ``_Buffer``)."""
+
+    records: list[ChangeRecord]
+    raws: list[bytes | None]
+    count: int
+    mem_bytes: int
+    spill: SpillFile | None
+    subxacts: list[Subxact]
+    subxact_ids: set[int]
+    overlay: dict[int, Relation]
+    rel_log: list[tuple[int, Relation]]
+
+
+def abort_subxact(buf: Buffer, subxid: int) -> int:
     """Drop subtransaction ``subxid`` of ``buf`` and those that first appeared after it; return
     the accounted bytes of memory this frees (0 when it made no change that was streamed)."""
     position = next((i for i, s in enumerate(buf.subxacts) if s.xid == subxid), None)

@@ -42,10 +42,10 @@ from cdcd.decoder.pgoutput import PgOutputDecoder
 from cdcd.errors import AssemblyError, SpillError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.watermarks import PREFIXES, Watermarks, marker
 from cdcd.pipeline.writer import Writer
 from cdcd.replication.client import ReplicationClient
 from cdcd.replication.options import stream_options
+from cdcd.snapshot.watermarks import PREFIXES, Watermarks, marker
 from cdcd.source.catalog import LiveCatalog
 from cdcd.stats import Stats
 from cdcd.wire.copydata import PrimaryKeepalive

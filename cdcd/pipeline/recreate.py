@@ -42,9 +42,9 @@ from cdcd.config import Config
 from cdcd.decoder.events import Truncate
 from cdcd.errors import DefiniteSourceError, SlotLostError
 from cdcd.lsn import format_lsn, unix_to_pg_us
-from cdcd.pipeline.incremental import IncrementalSnapshot
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import Writer
+from cdcd.snapshot.incremental import IncrementalSnapshot
 from cdcd.source.catalog import LiveCatalog
 from cdcd.source.snapshot import RecreateState, published_tables
 from cdcd.stats import Stats

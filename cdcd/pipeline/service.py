@@ -36,17 +36,17 @@ from cdcd.config import Config
 from cdcd.errors import EXIT_OK, ConfigError
 from cdcd.events.encoder import Encoder
 from cdcd.pipeline.acker import Acker
-from cdcd.pipeline.incremental import IncrementalSnapshot
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.publication_watch import watch_publication
 from cdcd.pipeline.reader import Reader
 from cdcd.pipeline.recreate import SlotRecreator
 from cdcd.pipeline.slot_watch import watch_slot
-from cdcd.pipeline.snapshot import initial_snapshot
 from cdcd.pipeline.supervisor import Supervisor
 from cdcd.pipeline.writer import Writer
 from cdcd.sinks.base import Sink, SinkContext
 from cdcd.sinks.registry import load_sink_class
+from cdcd.snapshot.incremental import IncrementalSnapshot
+from cdcd.snapshot.initial import initial_snapshot
 from cdcd.source import Source
 from cdcd.source.catalog import LiveCatalog
 from cdcd.stats import Stats

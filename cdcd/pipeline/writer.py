@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
 from itertools import islice
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
@@ -58,11 +58,10 @@ from cdcd.events.catalog import schema_name
 from cdcd.events.encoder import Encoder, EventCursor
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.sinks.base import Sink
+from cdcd.sinks.retry import retrying
 from cdcd.stats import SinkStats, Stats
 
 log = structlog.get_logger("cdcd.writer")
-
-T = TypeVar("T")
 
 _BEGIN, _WRITE, _COMMIT, _END, _PART, _WHOLE = range(6)  # _PART: a part other than the last
 #: is over; _WHOLE: a run of small transactions in one item, [(txn, batches), ...]: for each,
@@ -84,33 +83,6 @@ _CHANGE_OPS: dict[type, str] = {
     ev.Truncate: "t",
     ev.Message: "m",
 }
-
-
-async def retrying(
-    call: Callable[[], Awaitable[T]],
-    what: str,
-    stats: SinkStats,
-    failed: TransientSinkError | None = None,
-) -> T:
-    """``await call()``, again after a backoff (0.5 s doubling to 10 s) while it raises
-    :class:`TransientSinkError`; ``failed``: it already did once (wait before the first call)."""
-    delay = 0.5
-    while True:
-        if failed is not None:
-            stats.retries += 1
-            log.warning(
-                "sink call failed; retrying",
-                sink=stats.type_name,
-                call=what,
-                error=str(failed),
-                backoff_s=delay,
-            )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
-        try:
-            return await call()
-        except TransientSinkError as exc:
-            failed = exc
 
 
 class _Window:

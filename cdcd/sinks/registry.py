@@ -14,8 +14,8 @@ from cdcd.errors import ConfigError
 from cdcd.sinks.base import Sink
 
 BUILTIN_SINKS: dict[str, str] = {
-    "file": "cdcd.sinks.file:FileSink",
-    "kafka": "cdcd.sinks.kafka:KafkaSink",
+    "file": "cdcd.sinks.file.sink:FileSink",
+    "kafka": "cdcd.sinks.kafka.sink:KafkaSink",
     "null": "cdcd.sinks.null:NullSink",
     "memory": "cdcd.sinks.memory:MemorySink",
 }

@@ -27,7 +27,7 @@ Chunks (README "Initial snapshot"): each table is split into block ranges of abo
 scan on PostgreSQL 14+, so tables without a key split too), read with
 ``COPY (SELECT ...) TO STDOUT`` — measured faster than a cursor over the same ``SELECT``
 (README). ``snapshot.workers`` connections read chunks at once, each in its own transaction
-importing the same exported snapshot; :mod:`cdcd.pipeline.snapshot` hands them to the sinks in
+importing the same exported snapshot; :mod:`cdcd.snapshot.initial` hands them to the sinks in
 chunk order, so ``seq`` stays dense and in table order however the reads interleave.
 """
 
@@ -114,7 +114,7 @@ def write_state(path: Path, data: dict[str, Any]) -> None:
 
 
 def incremental_state_path(state_dir: Path, slot: str) -> Path:
-    """Where the incremental snapshot keeps its progress (``cdcd.pipeline.incremental``)."""
+    """Where the incremental snapshot keeps its progress (``cdcd.snapshot.incremental``)."""
     return state_dir / f"{slot}.incremental.json"
 
 
@@ -404,7 +404,7 @@ async def read_key_chunk(
 ) -> tuple[list[TupleData], str, bool]:
     """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (README "Initial
     snapshot": faster than a SELECT), the snapshot it was read at (``pg_current_snapshot()``:
-    the watermarks drop rows of transactions it does not see, :mod:`cdcd.pipeline.watermarks`),
+    the watermarks drop rows of transactions it does not see, :mod:`cdcd.snapshot.watermarks`),
     and whether ``table``'s columns are no longer all there as described (an ALTER TABLE since it was
     described: read in the same transaction, whose lock keeps an ALTER from coming between)."""
     rows: list[TupleData] = []

@@ -23,7 +23,7 @@ from cdcd.events import ChangeEvent
 from cdcd.events.catalog import StaticCatalog
 from cdcd.events.encoder import Encoder
 from cdcd.sinks.base import SinkContext
-from cdcd.sinks.kafka import KafkaSink, KafkaSinkConfig
+from cdcd.sinks.kafka.sink import KafkaSink, KafkaSinkConfig
 from cdcd.sinks.registry import load_sink_class
 from tests.kafkaharness import KafkaBroker
 

@@ -196,7 +196,7 @@ def test_workers_tuned_to_the_rate(pg_db: PgDatabase, tmp_path: Path) -> None:
     lines = [json.loads(x) for x in output if x.startswith("{")]
     windows = [e["readers"] for e in lines if e.get("event") == "snapshot readers"]
     (done,) = [e for e in lines if e.get("event") == "initial snapshot done"]
-    # the tuner decides once per second (cdcd.pipeline.snapshot._TUNE_WINDOW): a snapshot
+    # the tuner decides once per second (cdcd.snapshot.initial._TUNE_WINDOW): a snapshot
     # faster than two windows may end before it has logged two decisions
     assert len(windows) >= min(2, int(done["seconds"]) - 1), (windows, done)
     assert windows[:2] in ([], [1], [1, 2]), windows  # one first, then one more

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Column, Relation
 from cdcd.events.encoder import Encoder
-from cdcd.sinks.file import FileSink, FileSinkConfig
-from cdcd.sinks.file_layout import data_file_name
+from cdcd.sinks.file.layout import data_file_name
+from cdcd.sinks.file.sink import FileSink, FileSinkConfig
 from tests.unit.sink_fixtures import CONTEXT, TxnBuilder, encoder, tup
 
 NUMERIC_10_2 = ((10 << 16) | 2) + 4

@@ -1,4 +1,4 @@
-"""The file sink on S3 (``path: s3://bucket/prefix``, cdcd/sinks/storage.py), end to end: the
+"""The file sink on S3 (``path: s3://bucket/prefix``, cdcd/sinks/file/storage.py), end to end: the
 real ``cdcd`` against a real PostgreSQL and moto's S3 server on 127.0.0.1 (or the store named
 by ``CDCD_TEST_S3_URL``; the tests that inject HTTP errors need moto).
 
@@ -26,7 +26,7 @@ from pyarrow.dataset import dataset
 
 from cdcd.errors import DefiniteSinkError
 from cdcd.lsn import parse_lsn
-from cdcd.sinks.storage import ObjectStorePublisher, StorageConfig
+from cdcd.sinks.file.storage import ObjectStorePublisher, StorageConfig
 from tests.e2e import (
     all_events,
     assert_no_duplicates,

@@ -334,11 +334,11 @@ def test_status_of_the_imported_modules_imports_nothing() -> None:
     code = (
         "import sys; from cdcd import accel; import cdcd.decoder.tuples; "
         "found = accel.status(imported_only=True); "
-        "print(sorted(found), 'cdcd.sinks.kafka_batches' in sys.modules, 'aiokafka' in sys.modules)"
+        "print(sorted(found), 'cdcd.sinks.kafka.batches' in sys.modules, 'aiokafka' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout.split("]")
     assert "'cdcd.decoder.tuples'" in out[0]
-    assert "cdcd.sinks.kafka_batches" not in out[0]
+    assert "cdcd.sinks.kafka.batches" not in out[0]
     assert out[1].split() == ["False", "False"]

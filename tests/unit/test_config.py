@@ -555,7 +555,7 @@ def test_override_that_does_not_fit(tmp_path: Path) -> None:
 def _use_real_sinks_where_available(monkeypatch: pytest.MonkeyPatch) -> None:
     """The file sink is written in parallel with this module; stand in for it until it lands."""
     try:
-        importlib.import_module("cdcd.sinks.file")
+        importlib.import_module("cdcd.sinks.file.sink")
     except ImportError:
         monkeypatch.setitem(registry.BUILTIN_SINKS, "file", f"{__name__}:FakeFileSink")
 

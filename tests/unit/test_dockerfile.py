@@ -225,7 +225,7 @@ def test_build_context_holds_what_pip_install_needs(stages: list[Stage]) -> None
     assert project["readme"] in sources
     assert "setup.py" in sources  # the build hook that compiles the mypyc modules
     assert "cdcd" in sources
-    assert not _ignored("cdcd/sinks/file.py", patterns)
+    assert not _ignored("cdcd/sinks/file/sink.py", patterns)
     for heavy in (".venv/bin/python", ".git/HEAD", "tests/corpus/README.md", "bench/run.py"):
         assert _ignored(heavy, patterns), f"{heavy} would be sent to the docker daemon"
     assert _ignored("cdcd/__pycache__/app.cpython-311.pyc", patterns)

@@ -18,13 +18,13 @@ import structlog.testing
 from cdcd.assembler.transaction import Transaction
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.events.encoder import Encoder
-from cdcd.sinks.file import FileSink, FileSinkConfig
-from cdcd.sinks.file_layout import (
+from cdcd.sinks.file.layout import (
     JsonlTableWriter,
     data_file_name,
     io_error,
     table_folder_name,
 )
+from cdcd.sinks.file.sink import FileSink, FileSinkConfig
 from tests.unit.sink_fixtures import (
     CONTEXT,
     INT4,
@@ -209,7 +209,7 @@ async def test_a_commit_during_a_flush_is_not_durable_before_that_flush_ends(
 ) -> None:
     """A transaction with nothing to write is durable at once only when nothing is being
     published: otherwise once the publication in progress (in the worker thread) ends."""
-    import cdcd.sinks.file as file_module
+    import cdcd.sinks.file.sink as file_module
 
     monkeypatch.setattr(file_module, "INLINE_PUBLISH_BYTES", -1)  # every job in the thread
     out = tmp_path / "out"
@@ -499,7 +499,7 @@ async def test_small_publications_run_on_the_event_loop(
 ) -> None:
     """A publication job of at most INLINE_PUBLISH_BYTES runs on the event loop (no worker
     thread to hand it to and back); a larger one in the worker thread. Both publish the same."""
-    import cdcd.sinks.file as file_module
+    import cdcd.sinks.file.sink as file_module
 
     handed: list[object] = []
     to_thread = asyncio.to_thread
@@ -528,7 +528,7 @@ async def test_publication_leaves_the_event_loop_while_the_disk_is_slow(
     """A small job runs on the event loop only while the last job was quick: after one that
     took longer than QUICK_PUBLISH_SECONDS (a stalled disk), the next run in the worker thread
     (the loop keeps reading meanwhile) until one of them is quick again."""
-    import cdcd.sinks.file_layout as layout_module
+    import cdcd.sinks.file.layout as layout_module
 
     stalls = iter([0.05, 0.05, 0.0, 0.0, 0.0])  # the disk stalls for two jobs, then recovers
     where: list[str] = []
@@ -563,8 +563,8 @@ def test_a_slow_upload_is_not_reported_as_a_stalled_disk(
 ) -> None:
     """Uploads to object storage always run in the thread and take network round trips: their
     publisher is never quick and does not time its jobs, so only a local publisher warns."""
-    import cdcd.sinks.file_layout as layout_module
-    from cdcd.sinks.storage import ObjectStorePublisher
+    import cdcd.sinks.file.layout as layout_module
+    from cdcd.sinks.file.storage import ObjectStorePublisher
 
     monkeypatch.setattr(layout_module, "publish_files", lambda *_: time.sleep(0.02))
     publisher = layout_module.Publisher(fsync=False)
@@ -577,7 +577,7 @@ def test_a_slow_upload_is_not_reported_as_a_stalled_disk(
 
 
 async def test_an_object_store_publication_always_runs_in_the_worker_thread() -> None:
-    from cdcd.sinks.file_layout import Publisher
-    from cdcd.sinks.storage import ObjectStorePublisher
+    from cdcd.sinks.file.layout import Publisher
+    from cdcd.sinks.file.storage import ObjectStorePublisher
 
     assert Publisher.local and not ObjectStorePublisher.local

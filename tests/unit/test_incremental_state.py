@@ -1,4 +1,4 @@
-"""What an incremental snapshot records in snapshot.state_dir (cdcd.pipeline.incremental):
+"""What an incremental snapshot records in snapshot.state_dir (cdcd.snapshot.incremental):
 requests, signals taken once, progress reloaded after a restart."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from cdcd.config import load_config
 from cdcd.errors import ConfigError
-from cdcd.pipeline.incremental import IncrementalSnapshot, IncrementalState
 from cdcd.pipeline.progress import ProgressTracker
+from cdcd.snapshot.incremental import IncrementalSnapshot, IncrementalState
 from cdcd.stats import Stats
 from tests.e2e import write_config
 

@@ -1,4 +1,4 @@
-"""cdcd.sinks.kafka_partition against Kafka's Java client values and aiokafka's murmur2."""
+"""cdcd.sinks.kafka.partition against Kafka's Java client values and aiokafka's murmur2."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdcd.sinks.kafka_partition import murmur2, partition_for
+from cdcd.sinks.kafka.partition import murmur2, partition_for
 
 
 def signed(value: int) -> int:

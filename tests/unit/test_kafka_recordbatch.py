@@ -7,7 +7,7 @@ import random
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from cdcd.sinks.kafka_recordbatch import (
+from cdcd.sinks.kafka.recordbatch import (
     C_KAFKA_RECORD,
     CODECS,
     RecordBatch,

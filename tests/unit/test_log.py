@@ -172,7 +172,7 @@ def test_the_benchmark_counts_warnings_in_the_json_log() -> None:
     """bench/run.py reports how often cdcd warned that publishing turned slow, read from the
     JSON log cdcd writes in a bench run (the file sink's own logger, as configured there)."""
     from bench.run import counted_log_events
-    from cdcd.sinks import file_layout as file_sink
+    from cdcd.sinks.file import layout as file_sink
 
     out = io.StringIO()
     configure_logging("json", "warning", stream=out)

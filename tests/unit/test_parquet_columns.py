@@ -30,10 +30,10 @@ from cdcd.decoder.events import (
 )
 from cdcd.events import ChangeEvent
 from cdcd.events.encoder import Encoder
-from cdcd.sinks import parquet, parquet_columns
-from cdcd.sinks.file import FileSink, FileSinkConfig
-from cdcd.sinks.parquet import RowLayout
-from cdcd.sinks.parquet_columns import ColumnBuilder
+from cdcd.sinks.file import parquet, parquet_columns
+from cdcd.sinks.file.parquet import RowLayout
+from cdcd.sinks.file.parquet_columns import ColumnBuilder
+from cdcd.sinks.file.sink import FileSink, FileSinkConfig
 from cdcd.values.types import TypeInfo
 from tests.unit.sink_fixtures import CONTEXT, TxnBuilder, encoder
 
@@ -345,7 +345,7 @@ def test_shared_source_fields_follow_source_base_when_it_differs() -> None:
     has a field or a value the shortcut does not know."""
     from types import SimpleNamespace
 
-    from cdcd.sinks.parquet_columns import _shared_fields
+    from cdcd.sinks.file.parquet_columns import _shared_fields
 
     class Txn(SimpleNamespace):
         def source_base(self, rel: Any, snapshot: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from cdcd.decoder.events import Column, Relation
-from cdcd.sinks.parquet import RowLayout, column_type
+from cdcd.sinks.file.parquet import RowLayout, column_type
 from cdcd.values.types import TypeInfo, TypeRegistry
 from tests.unit.sink_fixtures import TxnBuilder, encoder, tup
 

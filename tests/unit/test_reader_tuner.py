@@ -1,4 +1,4 @@
-"""How many snapshot workers read at once (cdcd.pipeline.snapshot.ReaderTuner): one more while
+"""How many snapshot workers read at once (cdcd.snapshot.initial.ReaderTuner): one more while
 it raises the rate by 5 %, else back to the best count, for good; and what a reader takes
 (take_chunks): one for good reads the rest of a table in one COPY."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cdcd.decoder.events import Relation
-from cdcd.pipeline.snapshot import ReaderTuner, take_chunks
+from cdcd.snapshot.initial import ReaderTuner, take_chunks
 from cdcd.source.snapshot import SnapshotTable, TableChunk
 
 

@@ -1,6 +1,6 @@
 """Pure parts of the parallel initial snapshot: COPY text rows parsed into TupleData
 (cdcd.source.copy.copy_rows) and the read-ahead bound between the workers and the writer
-(cdcd.pipeline.snapshot._Chunks)."""
+(cdcd.snapshot.initial._Chunks)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import random
 import pytest
 
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
-from cdcd.pipeline.snapshot import _Chunks
+from cdcd.snapshot.initial import _Chunks
 from cdcd.source.copy import copy_rows
 from cdcd.source.snapshot import SnapshotTable, TableChunk, chunk_query
 

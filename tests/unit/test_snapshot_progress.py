@@ -10,8 +10,8 @@ import pytest
 
 from cdcd.config.loading import parse_config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
-from cdcd.pipeline.incremental import IncrementalState
 from cdcd.progress_rate import RateMeter, duration
+from cdcd.snapshot.incremental import IncrementalState
 from cdcd.snapshot_command import status
 from cdcd.snapshot_follow import follow, line
 

@@ -23,8 +23,8 @@ from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import Column, Relation, TupleData
 from cdcd.events.snapshot_run import SnapshotRun
-from cdcd.sinks.file import FileSink, FileSinkConfig
-from cdcd.sinks.file_layout import JsonlTableWriter
+from cdcd.sinks.file.layout import JsonlTableWriter
+from cdcd.sinks.file.sink import FileSink, FileSinkConfig
 from cdcd.values import types as vtypes
 from tests.unit.sink_fixtures import CONTEXT, encoder, relation, tup
 from tests.unit.test_rowjson import OIDS, draw_tuple

@@ -1,4 +1,4 @@
-"""Pure parts of the file sink's object storage (cdcd/sinks/storage.py): how ``path`` and
+"""Pure parts of the file sink's object storage (cdcd/sinks/file/storage.py): how ``path`` and
 ``storage`` are validated, and how S3 errors (pyarrow's messages) are classified and retried.
 The uploads themselves are tested against a real S3 server in tests/integration/test_s3_*.py."""
 
@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from cdcd.config import parse_config
 from cdcd.errors import DefiniteSinkError, TransientSinkError
-from cdcd.sinks.file import FileSinkConfig
-from cdcd.sinks.storage import ObjectStore, StorageConfig, open_filesystem
+from cdcd.sinks.file.sink import FileSinkConfig
+from cdcd.sinks.file.storage import ObjectStore, StorageConfig, open_filesystem
 
 
 def sink(**options: Any) -> FileSinkConfig:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cdcd.sinks import file_layout
-from cdcd.sinks.file_layout import sync_and_release
+from cdcd.sinks.file import layout as file_layout
+from cdcd.sinks.file.layout import sync_and_release
 
 
 def _cached_bytes(path: Path) -> int:

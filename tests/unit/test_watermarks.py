@@ -1,4 +1,4 @@
-"""The reader's side of incremental snapshots (cdcd.pipeline.watermarks): which rows of a
+"""The reader's side of incremental snapshots (cdcd.snapshot.watermarks): which rows of a
 chunk survive its window, what replaces the high watermark, what is dropped."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
-from cdcd.pipeline.watermarks import (
+from cdcd.snapshot.watermarks import (
     SIGNAL,
     WATERMARK,
     Chunk,

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdcd.sinks import file_layout
-from cdcd.sinks.file_layout import write_pieces
+from cdcd.sinks.file import layout as file_layout
+from cdcd.sinks.file.layout import write_pieces
 
 
 @settings(max_examples=200, deadline=None)

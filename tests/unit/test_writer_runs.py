@@ -15,7 +15,7 @@ import pytest
 from cdcd.assembler.transaction import Transaction
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import _WHOLE_CHANGES, Writer
-from cdcd.sinks.file import FileSink
+from cdcd.sinks.file.sink import FileSink
 from cdcd.sinks.memory import MemorySink
 from cdcd.sinks.null import NullSink
 from cdcd.stats import Stats

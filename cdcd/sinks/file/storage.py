@@ -38,22 +38,21 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SecretStr, ValidationInfo
+from pydantic import SecretStr
 
 from cdcd.errors import DefiniteSinkError, TransientSinkError
-from cdcd.units import Duration, resolve_path
+from cdcd.sinks.file.config import StorageConfig
 
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
 
-    from cdcd.sinks.file_layout import Position, Recovered, TableWriter
+    from cdcd.sinks.file.layout import Position, Recovered, TableWriter
 
 T = TypeVar("T")
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 #: AWS SDK error names and HTTP statuses worth retrying
 _TRANSIENT = re.compile(
     r"AWS Error (NETWORK_CONNECTION|SLOW_DOWN|THROTTLING|SERVICE_UNAVAILABLE|INTERNAL_FAILURE"
@@ -67,48 +66,6 @@ _EXPLAINED = {
     "SIGNATURE_DOES_NOT_MATCH": "the secret access key is wrong",
     "NO_SUCH_KEY": "no such key",
 }
-
-
-def is_url(path: object) -> bool:
-    return isinstance(path, str) and _URL.match(path) is not None
-
-
-def _sink_path(value: Any, info: ValidationInfo) -> Path | str:
-    """A local path (made absolute like ``ConfigPath``) or an object store URL, kept as text."""
-    if is_url(value):
-        parts = urlsplit(value)
-        if parts.scheme == "s3" and not parts.netloc:
-            raise ValueError(f"{value!r}: no bucket (use s3://bucket/prefix)")
-        if parts.query or parts.fragment:
-            raise ValueError(f"{value!r}: no ?query or #fragment (options go in storage:)")
-        return str(value).rstrip("/")
-    if not isinstance(value, str | Path):
-        raise ValueError(f"expected a path or a URL, not {type(value).__name__}")
-    return resolve_path(Path(value), info)
-
-
-#: ``sinks[].path``: a folder, or ``s3://bucket/prefix`` (any pyarrow filesystem URL)
-SinkPath = Annotated[Path | str, PlainValidator(_sink_path)]
-
-
-class StorageConfig(BaseModel):
-    """``sinks[].storage``: object store settings, used when ``path`` is a URL."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    access_key_id: SecretStr | None = None
-    secret_access_key: SecretStr | None = None
-    session_token: SecretStr | None = None
-    region: str | None = None
-    #: e.g. http://127.0.0.1:9000 for MinIO; default: AWS (or AWS_ENDPOINT_URL)
-    endpoint_url: str | None = None
-    #: local folder for files being written before upload; default: under the temp folder
-    staging_dir: Annotated[Path | str, PlainValidator(_sink_path)] | None = None
-    connect_timeout: Duration = Field(default=10.0, gt=0)
-    request_timeout: Duration = Field(default=60.0, gt=0)
-    #: how long one operation is retried (throttling, 5xx, timeouts) before failing
-    retry_timeout: Duration = Field(default=120.0, ge=0)
-    retry_max_backoff: Duration = Field(default=10.0, gt=0)
 
 
 def _secret(value: SecretStr | None, env: Mapping[str, str], *names: str) -> str | None:
@@ -288,7 +245,7 @@ class ObjectStorePublisher:
     def name(self, local: Path) -> str:
         return local.relative_to(self.staging).as_posix()
 
-    # --- the Publisher interface of cdcd.sinks.file --------------------------------------
+    # --- the Publisher interface of cdcd.sinks.file.sink --------------------------------------
 
     def make_dir(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -299,7 +256,7 @@ class ObjectStorePublisher:
     def write_file(self, final: Path, data: bytes) -> None:
         """Stage a small file (a ``_schema`` file); the next publication job uploads it before
         the data files it comes with."""
-        from cdcd.sinks.file_layout import temp_path
+        from cdcd.sinks.file.layout import temp_path
 
         temp_path(final).write_bytes(data)
         self._queued.add(final)
@@ -314,7 +271,7 @@ class ObjectStorePublisher:
     def publish_files(self, files: Sequence[tuple[TableWriter, Path]], queued: set[Path]) -> None:
         """One publication job (a worker thread): the staged small files, then each data file
         completed and uploaded in order; staged copies are deleted once uploaded."""
-        from cdcd.sinks.file_layout import temp_path
+        from cdcd.sinks.file.layout import temp_path
 
         for final in sorted(queued):
             staged = temp_path(final)
@@ -328,7 +285,7 @@ class ObjectStorePublisher:
     def recover(self) -> dict[str, Recovered]:
         """Empty the staging folder; per folder under the prefix, the last published position
         (from its last object) and the ``_schema`` files (fetched into the staging folder)."""
-        from cdcd.sinks import file_layout as sink
+        from cdcd.sinks.file import layout as sink
 
         if self.staging.exists():
             shutil.rmtree(self.staging)
@@ -371,8 +328,8 @@ class ObjectStorePublisher:
     def _last(self, folder: str, name: str, size: int, suffix: str, txn: bool) -> Position:
         """The last event position of an object: its tail staged locally and read by the
         format's own ``last_position`` (a Parquet file is read through ranged requests)."""
-        from cdcd.sinks import file_layout as sink
-        from cdcd.sinks.file_formats import writer_class
+        from cdcd.sinks.file import layout as sink
+        from cdcd.sinks.file.formats import writer_class
 
         if suffix == ".jsonl":
             local = self.staging / folder / f".{name}.tail"

@@ -4,7 +4,7 @@ loaded only when used (pyarrow imports on demand)."""
 from __future__ import annotations
 
 from cdcd.errors import DefiniteSinkError
-from cdcd.sinks.file_layout import JsonlTableWriter, TableWriter
+from cdcd.sinks.file.layout import JsonlTableWriter, TableWriter
 
 
 def writer_class(fmt: str) -> type[TableWriter]:
@@ -12,7 +12,7 @@ def writer_class(fmt: str) -> type[TableWriter]:
     if fmt == "jsonl":
         return JsonlTableWriter
     if fmt == "parquet":
-        from cdcd.sinks.parquet import ParquetTableWriter  # optional: pyarrow loads on demand
+        from cdcd.sinks.file.parquet import ParquetTableWriter  # optional: pyarrow loads on demand
 
         cls: type[TableWriter] = ParquetTableWriter
         return cls

@@ -1,7 +1,7 @@
 """Column-at-a-time conversion of change events to an Arrow record batch (the Parquet hot path).
 
 :class:`ColumnBuilder` turns a run of events of one table into one ``pa.RecordBatch`` with the
-schema of :class:`cdcd.sinks.parquet.RowLayout`, and gives exactly the batch that
+schema of :class:`cdcd.sinks.file.parquet.RowLayout`, and gives exactly the batch that
 ``RowLayout.batch`` (one dict per event, converted value by value) gives for the same events:
 the same values, the same nulls, the same ``unrepresentable`` sidecar entries in the same order.
 ``RowLayout.batch`` stays the reference; the unit tests compare the two over many types.
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 
 class Layout(Protocol):
-    """What the builder reads of :class:`cdcd.sinks.parquet.RowLayout` (a protocol, so that
+    """What the builder reads of :class:`cdcd.sinks.file.parquet.RowLayout` (a protocol, so that
     compiling this module does not type-check the file sink and its pydantic models, which the
     package build's environment does not have)."""
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.events import SinkContext
 from cdcd.lsn import format_lsn
-from cdcd.sinks.kafka_recordbatch import Record, Where
+from cdcd.sinks.kafka.recordbatch import Record, Where
 from cdcd.units import ByteSize, Duration
 
 MiB = 1024 * 1024
@@ -42,7 +42,7 @@ def compression_available(codec: str) -> bool:
 
 
 class BuiltBatch(BatchBuilder):  # type: ignore[misc]
-    """A record batch the sink built (``RecordBatch`` of :mod:`cdcd.sinks.kafka_recordbatch`),
+    """A record batch the sink built (``RecordBatch`` of :mod:`cdcd.sinks.kafka.recordbatch`),
     handed to ``AIOKafkaProducer.send_batch`` in place of a ``BatchBuilder`` it filled.
 
     aiokafka asks a batch for ``record_count()``, ``closed()``, ``close()``, and at send time

@@ -64,7 +64,7 @@ A :class:`TableWriter` writes one file. The sink creates one per published file:
 
 ``roll_on_schema_change = True`` makes the sink publish the open file before an event whose
 columns differ, so one file holds one schema (Parquet needs that). ``format: parquet`` loads
-``cdcd.sinks.parquet.ParquetTableWriter`` (suffix ``.parquet``). Logical messages and the
+``cdcd.sinks.file.parquet.ParquetTableWriter`` (suffix ``.parquet``). Logical messages and the
 transaction log are always JSON Lines.
 """
 
@@ -78,7 +78,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
 
 from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Relation
@@ -87,8 +86,9 @@ from cdcd.events import ChangeEvent
 from cdcd.events.snapshot_run import SnapshotRun
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext, run_events
-from cdcd.sinks.file_formats import writer_class
-from cdcd.sinks.file_layout import (
+from cdcd.sinks.file.config import FileSinkConfig
+from cdcd.sinks.file.formats import writer_class
+from cdcd.sinks.file.layout import (
     MESSAGES_FOLDER,
     SCHEMA_FOLDER,
     TRANSACTIONS_FOLDER,
@@ -105,32 +105,13 @@ from cdcd.sinks.file_layout import (
     table_folder_name,
     temp_path,
 )
-from cdcd.sinks.storage import ObjectStorePublisher, SinkPath, StorageConfig
-from cdcd.units import ByteSize, Duration
+from cdcd.sinks.file.storage import ObjectStorePublisher
 
 #: transactions that get BEGIN/END markers (not lone messages, not the snapshot pseudo-transaction)
 _MARKED_KINDS = frozenset({"regular", "streamed", "prepared"})
 #: a publication job of at most this many bytes of files, on a local disk, runs on the event
 #: loop rather than in the worker thread (see the module docstring)
 INLINE_PUBLISH_BYTES = 1 << 20
-
-
-class FileSinkConfig(BaseModel):
-    """``sinks: - type: file`` (README "Configuration", "File sink")."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    #: a folder, or an object store URL such as s3://bucket/prefix (cdcd/sinks/storage.py)
-    path: SinkPath
-    format: Literal["jsonl", "parquet"] = "jsonl"
-    rollover_bytes: ByteSize = Field(default=128 * 1024 * 1024, gt=0)
-    rollover_seconds: Duration = 60.0
-    rollover_rows: int | None = Field(default=None, gt=0)
-    flush_interval: Duration = 1.0
-    transactions: bool = False
-    compression: Literal["zstd", "snappy"] = "zstd"
-    fsync: bool = True
-    storage: StorageConfig = Field(default_factory=StorageConfig)
 
 
 # --- folders ---------------------------------------------------------------------------------

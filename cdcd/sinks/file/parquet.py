@@ -3,7 +3,7 @@
 One Parquet file holds the events of one table with one set of columns (the file sink rolls
 to a new file when a table's columns change, ``roll_on_schema_change``; Spark reads a folder
 with ``mergeSchema``). Names, atomic publication, rollover and recovery are the file sink's
-(:mod:`cdcd.sinks.file`); this module only turns events into rows.
+(:mod:`cdcd.sinks.file.sink`); this module only turns events into rows.
 
 Row schema (the JSON event's fields, README "Change events")::
 
@@ -42,7 +42,7 @@ events of a key change (the delete carries ``new_key``, the create ``old_key``, 
 table without key columns has neither field (its updates never change a key).
 
 The Arrow schema's metadata ``cdcd.schema`` carries the table's columns (the ``_schema`` file
-document). Events are buffered, converted column by column (:mod:`cdcd.sinks.parquet_columns`;
+document). Events are buffered, converted column by column (:mod:`cdcd.sinks.file.parquet_columns`;
 :meth:`RowLayout.batch` is the value-by-value reference it equals) and written in row groups
 of ``ROW_GROUP_ROWS``.
 """
@@ -64,13 +64,13 @@ import pyarrow.parquet as pq
 
 from cdcd.decoder.events import Relation
 from cdcd.errors import DefiniteSinkError
-from cdcd.sinks.file_layout import Position, TableWriter, sync_and_release
-from cdcd.sinks.parquet_columns import ColumnBuilder, as_text, has_none, lost
+from cdcd.sinks.file.layout import Position, TableWriter, sync_and_release
+from cdcd.sinks.file.parquet_columns import ColumnBuilder, as_text, has_none, lost
 from cdcd.values.types import TypeInfo, TypeRegistry
 
 if TYPE_CHECKING:
     from cdcd.events import ChangeEvent
-    from cdcd.sinks.file import FileSinkConfig
+    from cdcd.sinks.file.config import FileSinkConfig
 
 ROW_GROUP_ROWS = 65_536
 #: events kept before a column-wise conversion (bounds the Python objects a writer holds).

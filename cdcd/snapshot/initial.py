@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -36,14 +36,31 @@ from cdcd.config import Config
 from cdcd.decoder.events import TupleData
 from cdcd.events.encoder import Encoder
 from cdcd.lsn import format_lsn, unix_to_pg_us
-from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.writer import Writer, retrying
+from cdcd.sinks.base import Sink
+from cdcd.sinks.retry import retrying
 from cdcd.source import open_sql
 from cdcd.source.catalog import LiveCatalog
 from cdcd.source.snapshot import TableChunk, copy_chunk, published_tables, table_chunks
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.snapshot")
+
+
+class Writer(Protocol):
+    """What the snapshot needs of the pipeline's writer (:class:`cdcd.pipeline.writer.Writer`)."""
+
+    @property
+    def sinks(self) -> Sequence[Sink]: ...
+
+    async def flush_all(self) -> None: ...
+
+
+class Tracker(Protocol):
+    """What the snapshot tells the progress tracker (:class:`cdcd.pipeline.progress.ProgressTracker`)."""
+
+    def snapshot_started(self, point: int) -> None: ...
+
+    def handed(self, sink: int, end_lsn: int) -> None: ...
 
 
 class _Chunks:
@@ -170,7 +187,7 @@ async def initial_snapshot(
     writer: Writer,
     encoder: Encoder,
     catalog: LiveCatalog,
-    tracker: ProgressTracker,
+    tracker: Tracker,
     stats: Stats,
 ) -> None:
     """Read every published table at ``plan``'s exported snapshot into every sink."""

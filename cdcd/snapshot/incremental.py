@@ -4,7 +4,7 @@ For each requested table with a primary key (or a replica identity index), chunk
 (README "Incremental snapshots")::
 
     arm the window ▶ low watermark ▶ COPY (SELECT ... WHERE (key) > (last) ORDER BY key
-        LIMIT n) ▶ high watermark ▶ wait until the reader has reached it (cdcd.pipeline.watermarks)
+        LIMIT n) ▶ high watermark ▶ wait until the reader has reached it (cdcd.snapshot.watermarks)
 
 With ``snapshot.workers`` > 1 the next chunk's last key is looked up first (``OFFSET n - 1`` on
 the key's index), so that chunks ``(last, next]`` are read at once over that many connections,
@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import asyncpg
 import structlog
@@ -40,8 +40,7 @@ from cdcd.config import Config
 from cdcd.decoder.events import TupleData
 from cdcd.errors import ConfigError, TransientSourceError
 from cdcd.lsn import format_lsn
-from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.watermarks import (
+from cdcd.snapshot.watermarks import (
     WATERMARK,
     Chunk,
     ChunkResult,
@@ -209,6 +208,12 @@ class _Done:
     bytes: int = 0
 
 
+class Tracker(Protocol):
+    """What the snapshot asks the progress tracker (:class:`cdcd.pipeline.progress.ProgressTracker`)."""
+
+    def durable_lsn(self) -> int: ...
+
+
 class IncrementalSnapshot:
     """The task that reads the requested tables; :meth:`request` adds tables (signals)."""
 
@@ -216,7 +221,7 @@ class IncrementalSnapshot:
         self,
         config: Config,
         source: Any,
-        tracker: ProgressTracker,
+        tracker: Tracker,
         stats: Stats,
         flush: Callable[[], None] = lambda: None,
     ) -> None:

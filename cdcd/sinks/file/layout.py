@@ -1,9 +1,9 @@
 """The file sink's layout on disk (README "File sink"): file and folder names, the table
-writers (JSON Lines here; Parquet in :mod:`cdcd.sinks.parquet`), and publishing: a file is
+writers (JSON Lines here; Parquet in :mod:`cdcd.sinks.file.parquet`), and publishing: a file is
 written under a hidden name, fsynced, renamed, and its folder fsynced.
 
-Shared by the sink (:mod:`cdcd.sinks.file`), the Parquet writer and object storage
-(:mod:`cdcd.sinks.storage`), none of which import each other through it.
+Shared by the sink (:mod:`cdcd.sinks.file.sink`), the Parquet writer and object storage
+(:mod:`cdcd.sinks.file.storage`), none of which import each other through it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from cdcd.events import ChangeEvent
 from cdcd.events.snapshot_run import SnapshotRun
 
 if TYPE_CHECKING:
-    from cdcd.sinks.file import FileSinkConfig
+    from cdcd.sinks.file.config import FileSinkConfig
 
 Position = tuple[int, int]
 

@@ -24,11 +24,11 @@ Logical decoding messages go to ``<prefix>.message`` keyed by ``{"prefix": <mess
 Batches. The sink builds Kafka record batches itself, one open batch per topic-partition, and
 hands each to aiokafka whole (``send_batch``), instead of one ``send()`` per record: that path
 costs a coroutine, a future and a partitioner call per record. The per-record work is compiled
-with mypyc: :mod:`cdcd.sinks.kafka_batches` makes records of events and picks their batch,
-:mod:`cdcd.sinks.kafka_recordbatch` writes them into the batch's buffer in Kafka's record
+with mypyc: :mod:`cdcd.sinks.kafka.batches` makes records of events and picks their batch,
+:mod:`cdcd.sinks.kafka.recordbatch` writes them into the batch's buffer in Kafka's record
 format (v2), compressed and checksummed when the batch is sent; no object is kept per record.
 A record's partition is what Kafka's default partitioner gives its key
-(:mod:`cdcd.sinks.kafka_partition`: murmur2 of the key bytes, made positive, modulo the topic's
+(:mod:`cdcd.sinks.kafka.partition`: murmur2 of the key bytes, made positive, modulo the topic's
 partition count, learnt once per topic); a keyless record goes to a random partition. A batch is closed when the next record does not fit in
 ``max_batch_size`` (a larger record goes alone in its batch). One submitter task hands batches
 to the producer in the order they were closed: closed ones at once, open ones ``linger_ms``
@@ -84,15 +84,15 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from cdcd.errors import ConfigError, DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext, run_events
-from cdcd.sinks.kafka_batches import Batch, Batches
-from cdcd.sinks.kafka_client import (
+from cdcd.sinks.kafka.batches import Batch, Batches
+from cdcd.sinks.kafka.client import (
     BuiltBatch,
     KafkaSinkConfig,
     client_kwargs,
     compression_available,
     translate_error,
 )
-from cdcd.sinks.kafka_recordbatch import CODECS, Record, Where, encode_headers, record_size
+from cdcd.sinks.kafka.recordbatch import CODECS, Record, Where, encode_headers, record_size
 
 if TYPE_CHECKING:
     from cdcd.assembler.transaction import Transaction

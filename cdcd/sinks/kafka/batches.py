@@ -2,13 +2,13 @@
 record batches, and the window of batches waiting for the broker (README "Kafka sink").
 
 Compiled with mypyc (``cdcd/_purepy.py``), as the sink's only per-record code: the sink
-(:mod:`cdcd.sinks.kafka`) hands whole lists of events to :meth:`Batches.add_events` and does
+(:mod:`cdcd.sinks.kafka.sink`) hands whole lists of events to :meth:`Batches.add_events` and does
 only per-batch work itself (handing batches over, acknowledgements, replays, failures).
 
 Records are written straight into their batch's buffer
-(:class:`cdcd.sinks.kafka_recordbatch.RecordBatch`): no object is kept per record, and the
+(:class:`cdcd.sinks.kafka.recordbatch.RecordBatch`): no object is kept per record, and the
 headers a transaction's records share are encoded once per transaction. A batch keeps its
-buffer until the broker acknowledged it, for a replay (:meth:`cdcd.sinks.kafka.KafkaSink._replay`),
+buffer until the broker acknowledged it, for a replay (:meth:`cdcd.sinks.kafka.sink.KafkaSink._replay`),
 and remembers where its first record came from (``Batch.where``) for error messages; a record
 that may be too large is checked as it is added (``check_size``).
 """
@@ -26,8 +26,8 @@ import orjson
 from cdcd.errors import SinkError
 from cdcd.events import ChangeEvent
 from cdcd.lsn import pg_to_unix_us
-from cdcd.sinks.kafka_partition import partition_for
-from cdcd.sinks.kafka_recordbatch import (
+from cdcd.sinks.kafka.partition import partition_for
+from cdcd.sinks.kafka.recordbatch import (
     Record,
     RecordBatch,
     Where,
