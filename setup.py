@@ -8,8 +8,7 @@ The modules are compiled together, as one group (``COMPILED_GROUP``: one shared 
 they call each other natively, and a small extension per module). Beside each extension goes a
 build record (``<extension>.build.json``) holding the SHA-256 of the source it was compiled
 from; at import, cdcd uses the group only when every record matches the ``.py`` file next to it,
-and otherwise imports every module of the group from its source (see README "Compiled fast
-paths").
+and otherwise imports every module of the group from its source (see docs/development.md).
 
 Without a C compiler, the Python headers or mypy, or when mypyc fails, the build says so and
 installs the same modules as pure Python (same behaviour, slower). ``CDCD_PURE_PYTHON=1`` at

@@ -3,7 +3,7 @@
 Run: ``python bench/page_fault_micro.py [--mib N]``. Maps ``N`` MiB anonymously four times,
 touching one byte per 4 KiB page each time (each mapping new: a page fault and a zeroed page per
 page), then touches one mapping four more times (no fault). Prints microseconds per page for
-both; the difference is the fault. README "Benchmarks" (``minor_faults_per_krow``) and "Initial
+both; the difference is the fault. docs/benchmarks.md (``minor_faults_per_krow``) and "Initial
 snapshot" use it: on the development VM a fault costs about 2 µs, so output written into fresh
 memory, rather than into memory reused, was most of a large snapshot's time. No assertions.
 """

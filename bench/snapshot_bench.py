@@ -11,7 +11,7 @@ A table of 10,000,000 ten-column rows (``--scale`` multiplies; the columns of W1
 ``cdcd_jsonl_w4``      the same with four workers
 
 each run creating its own slot (dropped after it). ``ratio_vs_copy``: rows/s over
-``copy_stdout``'s. Targets (issue 13): null >= 0.8x, JSON Lines >= 0.5x with one worker, more
+``copy_stdout``'s. Targets: null >= 0.8x, JSON Lines >= 0.5x with one worker, more
 workers never slower.
 """
 

@@ -17,7 +17,7 @@
  * pa.array gives for the same values (tests/unit/test_parquet_columns.py), and writes Kafka records into a record batch's buffer (kafka_record), exactly as
  * cdcd.sinks.kafka.recordbatch.write_record_python does (tests/unit/test_kafka_recordbatch.py).
  *
- * README "Compiled fast paths" says how it is built and when it is used (cdcd/_purepy.py,
+ * docs/development.md says how it is built and when it is used (cdcd/_purepy.py,
  * C_MODULES: setup.py builds it beside the mypyc modules, with the same build record).
  */
 #define PY_SSIZE_T_CLEAN

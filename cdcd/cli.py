@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask the daemon for an incremental snapshot of tables, or show progress",
         formatter_class=formatter,
         description="Without an action: ask the running daemon (through a signal in the "
-        'replication stream, README "Incremental snapshots") to snapshot the named tables '
+        "replication stream, docs/snapshots.md) to snapshot the named tables "
         "again, in chunks, while it streams. 'status': the progress recorded in "
         "snapshot.state_dir.",
         epilog="examples:\n  cdcd snapshot --config cdcd.yaml --table public.orders\n"

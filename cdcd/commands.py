@@ -170,8 +170,7 @@ async def _untaken_snapshot_finding(conn: Any, config: Config) -> Finding:
 
 
 async def _watermark_finding(conn: Any, mode: str) -> Finding:
-    """Incremental snapshots write watermarks with pg_logical_emit_message (README
-    "Incremental snapshots"): EXECUTE on it (PUBLIC's by default), on a primary."""
+    """Incremental snapshots write watermarks with pg_logical_emit_message (docs/snapshots.md): EXECUTE on it (PUBLIC's by default), on a primary."""
     signature, allowed = await queries.emit_message_grant(conn)
     status = OK if allowed else FAIL if mode == "incremental" else WARN
     detail = (
@@ -219,7 +218,7 @@ async def _failover_findings(
     source: Any, conn: Any, info: slots.SlotInfo | None, version: int
 ) -> list[Finding]:
     """Failover slot, what protects it on the primary, each host of the DSN, and 18's
-    ``idle_replication_slot_timeout`` (README "High availability")."""
+    ``idle_replication_slot_timeout`` (docs/high-availability.md)."""
     from cdcd.source import wants_failover
 
     src = source.config.source

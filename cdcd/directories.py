@@ -4,7 +4,7 @@ They are: the directories each sink says it writes into (``Sink.directories``: t
 output folder),
 ``buffer.spill_dir`` (large transactions spill there) and ``snapshot.state_dir``, in every
 ``snapshot.mode``: ``never`` too, since a ``cdcd snapshot --table`` request (a signal in the
-stream, README "Incremental snapshots") is recorded there when the daemon takes it. A directory that exists must accept a new file (a real
+stream, docs/snapshots.md) is recorded there when the daemon takes it. A directory that exists must accept a new file (a real
 probe file is created and removed, so read-only mounts, ACLs and ownership all count); one that
 does not exist yet must be creatable, i.e. its nearest existing ancestor is a writable
 directory. Failing that, ``run`` would stop later with an I/O error in the middle of streaming;

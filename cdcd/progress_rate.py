@@ -1,5 +1,4 @@
-"""Rate and ETA of a snapshot's progress, from the rows done over time (README "Incremental
-snapshots"): used by the daemon's log lines and metrics and by ``cdcd snapshot --follow``.
+"""Rate and ETA of a snapshot's progress, from the rows done over time (docs/snapshots.md): used by the daemon's log lines and metrics and by ``cdcd snapshot --follow``.
 
 The rate is taken over the samples of the last ``window`` seconds, so that it follows the
 current pace (a pause, a restart) rather than the average since the start; a count that goes

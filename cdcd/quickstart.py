@@ -233,7 +233,7 @@ async def run_quickstart(directory: str, duration: float, rate: float) -> int:
             first = sample[-1].read_text().splitlines()[0]
             print(f"a sample event from {sample[-1].relative_to(base)}:\n{first}", flush=True)
         print(
-            "read them with Spark: spark.read.json('<dir>/public.orders') — see the README",
+            "read them with Spark: spark.read.json('<dir>/public.orders') — see docs/spark.md",
             flush=True,
         )
         return int(code)

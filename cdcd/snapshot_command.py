@@ -1,6 +1,6 @@
 """``cdcd snapshot --table schema.table ...`` and ``cdcd snapshot status``.
 
-The request is a signal in the replication stream (README "Incremental snapshots"): a
+The request is a signal in the replication stream (docs/snapshots.md): a
 transactional logical message with the prefix ``cdcd-signal`` naming the tables. The running
 daemon sees it in commit order with the changes, records the request in ``snapshot.state_dir``
 at once, and snapshots the tables incrementally; a daemon that is not running sees it when it

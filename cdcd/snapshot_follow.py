@@ -1,5 +1,4 @@
-"""``cdcd snapshot ... --follow``: the progress of incremental snapshots until they end (README
-"Incremental snapshots").
+"""``cdcd snapshot ... --follow``: the progress of incremental snapshots until they end (docs/snapshots.md).
 
 It reads what the daemon records in ``<snapshot.state_dir>/<slot>.incremental.json`` (rows
 durable in every sink, the estimate from ``pg_class.reltuples``, the status) twice a second and

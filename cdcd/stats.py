@@ -124,7 +124,7 @@ class Stats:
     #: bytes of committed transactions waiting for (or being written to) the sinks
     queued_bytes: int = 0
     sinks: list[SinkStats] = field(default_factory=list)
-    #: incremental snapshots by table (README "Incremental snapshots")
+    #: incremental snapshots by table (docs/snapshots.md)
     snapshots: dict[str, TableSnapshot] = field(default_factory=dict)
 
     def lag_seconds(self, now: float | None = None) -> float:

@@ -162,7 +162,7 @@ UNAVAILABLE = "__debezium_unavailable_value"
 
 
 def file_name(event: dict[str, Any], suffix: str = ".jsonl") -> str:
-    """README "File sink": the name of a data file whose first event is ``event``."""
+    """docs/files.md: the name of a data file whose first event is ``event``."""
     commit_lsn, seq = position(event)
     return f"{commit_lsn:016X}-{seq:08X}{suffix}"
 
@@ -201,8 +201,8 @@ def apply_events(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     (a table without key: duplicate rows are kept); unchanged-TOAST markers keep the previous
     value. The create of a key change (``source.old_key``) takes its unchanged-TOAST values
     from the row held under ``old_key`` just before (which the delete before it removed),
-    the consumer rule of README "Change events". After the reset of a recreated slot, a delete
-    may name a row not backfilled yet (README "High availability"). Returns the rows
+    the consumer rule of docs/events.md. After the reset of a recreated slot, a delete
+    may name a row not backfilled yet (docs/high-availability.md). Returns the rows
     (unordered)."""
     keyed: dict[str, dict[str, Any]] = {}
     keyless: list[dict[str, Any]] = []
@@ -258,11 +258,11 @@ def comparable(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- Kafka and Parquet
 # (added for tests/integration/test_e2e_kafka_parquet.py and test_crash_kafka.py): read what the
 # Kafka sink and the Parquet file sink wrote with independent clients (aiokafka's consumer,
-# pyarrow), in the JSON form of README "Change events" so it compares with the JSON Lines events.
+# pyarrow), in the JSON form of docs/events.md so it compares with the JSON Lines events.
 
 
 def native_to_json(value: Any) -> Any:
-    """A native (Parquet / Python) value in its README "Change events" JSON form: decimals as exact
+    """A native (Parquet / Python) value in its docs/events.md JSON form: decimals as exact
     strings, timestamptz as UTC ``...Z``, timestamps/times without trailing fraction zeros
     (PostgreSQL's text), dates ISO, bytes base64, lists element-wise."""
     import datetime as dt
@@ -360,7 +360,7 @@ class KafkaRecord:
 
     @property
     def position(self) -> tuple[int, int]:
-        """From the headers (README "Kafka sink")."""
+        """From the headers (docs/kafka.md)."""
         return (int(self.headers["cdcd.commit_lsn"]), int(self.headers["cdcd.seq"]))
 
     @property

@@ -14,7 +14,7 @@ Fixtures (import them into a test module: ``from tests.sparkutil import spark``)
 
 All skip when pyspark is missing or no JVM can be found (``java`` on PATH or ``JAVA_HOME``).
 
-:func:`change_event` builds an event exactly as cdcd's JSON Lines lines look (README "Change events" plus
+:func:`change_event` builds an event exactly as cdcd's JSON Lines lines look (docs/events.md plus
 the top-level ``key``), for cases a workload on a real server cannot force or time.
 """
 

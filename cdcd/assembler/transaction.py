@@ -7,7 +7,7 @@ LSN). A non-transactional logical decoding message is released on its own as a
 ``Transaction`` of kind ``"message"`` whose ``end_lsn`` is the message's LSN and whose
 ``commit_lsn`` is one less: pgoutput's Message LSN is the end of the message's WAL record, which
 may be the commit LSN of the next transaction, while one byte before lies inside the message's
-own record, where nothing commits (README "Change events": positions are unique).
+own record, where nothing commits (docs/events.md: positions are unique).
 
 Each :class:`ChangeRecord` keeps the Relation (or Relations, for Truncate) as they were
 described when the change was decoded, so DDL in the middle of a transaction changes only the
@@ -16,7 +16,7 @@ them back in order, and may be called more than once until ``release()``.
 
 A regular transaction (Begin .. Commit, not streamed) arrives only after it committed, and its
 Begin carries its commit LSN, so its changes' positions are known from the first one: the
-assembler releases it in *parts* while it arrives (README "Guarantees", docs/assembler.md).
+assembler releases it in *parts* while it arrives (docs/guarantees.md, docs/assembler.md).
 A part is a ``Transaction`` too: ``begins`` on the first (the sinks' ``begin``), ``ends`` on the
 last (their ``commit``, with the end LSN, which earlier parts do not know: 0 there). A whole
 transaction is one part that begins and ends. ``size`` counts the changes of the part.
@@ -112,7 +112,7 @@ class Transaction:
         """The changes, read for the last time (the writer's reading, once whatever else
         reads them has done so): a transaction held in memory in the compact form gives each
         chunk back as soon as it has been read, so its memory goes down while the sinks' buffers
-        fill (README "Memory"). Reading its changes again after this is an error."""
+        fill (docs/guarantees.md). Reading its changes again after this is an error."""
         drain = self._drain
         if drain is None or self._records is not None:
             return self.changes()

@@ -107,7 +107,7 @@ class SourceConfig(_Model):
     #: create the slot with FAILOVER (17+) so a standby synchronises it; auto: on 17+
     failover: Annotated[Literal["auto"] | bool, BeforeValidator(_lowercase)] = "auto"
     #: what to do when the slot is invalidated or missing: fail (exit 3), or recreate (a new
-    #: slot, a reset marker per table and an incremental backfill; README "High availability")
+    #: slot, a reset marker per table and an incremental backfill; docs/high-availability.md)
     on_slot_lost: Annotated[Literal["fail", "recreate"], BeforeValidator(_lowercase)] = "fail"
     status_interval: Duration = 10.0
     connect_timeout: Duration = 10.0
@@ -249,14 +249,14 @@ class SnapshotConfig(_Model):
     #: rows handed to the sinks per batch while snapshotting
     batch_rows: int = Field(default=5000, ge=1)
     #: connections reading snapshot chunks at once: block ranges of the initial snapshot, key
-    #: ranges of an incremental one (README "Initial snapshot", "Incremental snapshots")
+    #: ranges of an incremental one (docs/snapshots.md, "Incremental snapshots")
     workers: int = Field(default=1, ge=1, le=64)
     #: the initial snapshot starts with one of them and adds one while that raises the rate
-    #: (false: all of them from the start); README "Initial snapshot"
+    #: (false: all of them from the start); docs/snapshots.md
     tune_workers: bool = True
     #: rows per block-range chunk of the initial snapshot, estimated from pg_class
     initial_chunk_rows: int = Field(default=100_000, ge=1)
-    #: rows per chunk of an incremental snapshot (README "Incremental snapshots")
+    #: rows per chunk of an incremental snapshot (docs/snapshots.md)
     chunk_rows: int = Field(default=2048, ge=1)
     #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a
     #: crash may emit again; throughput is at most this many chunks per sink flush interval

@@ -2,7 +2,7 @@
 
 The stream names columns and marks replica-identity columns (``Column.flags & 1``), but under
 REPLICA IDENTITY FULL *every* column is flagged (docs/protocol.md, "Tuples and types"), so the event
-key (README "Change events": primary key, else replica-identity index columns, else none) must come from
+key (docs/events.md: primary key, else replica-identity index columns, else none) must come from
 the catalog. A :class:`Catalog` answers that question, and carries the
 :class:`~cdcd.values.types.TypeRegistry` that names types and builds value converters.
 

@@ -3,7 +3,7 @@
 Every sink receives the same event objects, so positions ``(commit_lsn, seq)`` are identical in
 every sink. Values are converted lazily, once per event and per representation (JSON-ready for
 JSON Lines and Kafka, native for Parquet), with per-relation precomputed converters from
-:mod:`cdcd.values.types`. The JSON form is the README's "Change events" section; the rules
+:mod:`cdcd.values.types`. The JSON form is docs/events.md; the rules
 that make events out of changes are :mod:`cdcd.events.encoder`'s.
 """
 
@@ -244,7 +244,7 @@ def _image_key(rel: RelInfo, native: bool, tup: TupleData, fill: TupleData | Non
 
 
 class ChangeEvent:
-    """One change event (README "Change events"). Cheap to make; values are built on first request and
+    """One change event (docs/events.md). Cheap to make; values are built on first request and
     cached, so every sink sees the same bytes."""
 
     __slots__ = (

@@ -1,6 +1,6 @@
 """From committed transactions to change events: the one place that assigns ``seq``.
 
-README "Change events". Every sink receives the same :class:`ChangeEvent` objects, so positions
+docs/events.md. Every sink receives the same :class:`ChangeEvent` objects, so positions
 ``(commit_lsn, seq)`` are identical in every sink. Values are converted lazily, once per event
 and per representation (JSON-ready for JSON Lines and Kafka, native for Parquet), with
 per-relation precomputed converters from :mod:`cdcd.values.types`.
@@ -20,7 +20,7 @@ per-relation precomputed converters from :mod:`cdcd.values.types`.
     position -> (commit_lsn, seq)
 methods:
     key() -> dict | None          replica-identity (primary key) columns, JSON-ready
-    value() -> dict               the whole Debezium-compatible value of README "Change events"
+    value() -> dict               the whole Debezium-compatible value of docs/events.md
     key_json() -> bytes | None    orjson of key()
     value_json() -> bytes         orjson of value()
     record_json() -> bytes        value plus top-level "key": one JSON Lines line (no newline)
@@ -47,7 +47,7 @@ methods:
                                           (rows: a list, or a CopyBatch of COPY text)
     schema_info(relation) -> dict                                 (the file sink's _schema files)
 
-Rules the encoder implements (README "Change events"):
+Rules the encoder implements (docs/events.md):
 
 - ``seq`` counts the events of a transaction from 0, after splitting. ``transaction.total_order``
   is ``seq + 1``; ``data_collection_order`` counts 1.. per table (logical messages count as one

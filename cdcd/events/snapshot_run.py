@@ -6,7 +6,7 @@ batch a sink is handed, with the events made on access (one by index; all of the
 iterating or slicing), and a shortcut for the JSON Lines file writer: :meth:`SnapshotRun.jsonl`,
 every event's record in one call of ``cdcd._rowjson.snapshot_lines`` without making an event,
 or of ``copy_snapshot_lines`` from the COPY text of a :class:`~cdcd.decoder.copy_batch.CopyBatch`
-without parsing it into rows (README "Compiled fast paths"). All give the same bytes
+without parsing it into rows (docs/development.md). All give the same bytes
 (tests/unit/test_snapshot_run.py).
 """
 

@@ -2,8 +2,8 @@
 
 This module is pure: no asyncio, no clock, no I/O. The pipeline tells it about the events that
 move positions and asks it, without side effects, what may be confirmed. Everything that makes
-cdcd lose nothing or resend little is decided here; the rules are those of the README's
-"Guarantees" section and ``docs/progress.md``.
+cdcd lose nothing or resend little is decided here; the rules are those of docs/guarantees.md
+and ``docs/progress.md``.
 
 What confirming means
 ---------------------
@@ -28,7 +28,7 @@ The inputs
   queued is a resend after a reconnect, and :meth:`queued` says to drop it. End LSNs are what
   identifies a resend: a non-transactional message's end LSN is its LSN (the end of its record,
   where the next commit record may start), and positions are made unique separately (the
-  message's position is its LSN - 1, see the README's "Change events"). The reader reports a released transaction here before its next ``await``.
+  message's position is its LSN - 1, see docs/events.md). The reader reports a released transaction here before its next ``await``.
 * **A transaction handed over while it arrives** (:meth:`handing`): the reader hands a regular
   transaction to the writer in parts before its Commit arrives (docs/assembler.md, "Parts").
   From its first part until it is queued whole it is in flight from its first LSN, whatever

@@ -7,7 +7,7 @@ start are gone for good. A backfill (an incremental snapshot of every published 
 back every row that exists, but not the deletes made in the gap: those rows would stay in every
 consumer's copy. So, before the backfill, each published table gets a *reset*: an ``op: "t"``
 event, ``source.snapshot = "reset"``, that consumers already apply as "forget every row before
-this position" (README "High availability"). Every published table needs a key the backfill
+this position" (docs/high-availability.md). Every published table needs a key the backfill
 can page by (:meth:`cdcd.source.Source.recreate_slot` refuses before touching the slot
 otherwise: a reset table that cannot be refilled would leave consumers without its rows)::
 

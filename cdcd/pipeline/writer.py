@@ -317,7 +317,7 @@ class Writer:
             self._cursor = None if txn.ends else EventCursor()
             yield (_BEGIN, txn)
         # the last reading of a large transaction's changes: one held in memory in the compact
-        # form frees its chunks as they are read, while the sinks' buffers fill (README "Memory")
+        # form frees its chunks as they are read, while the sinks' buffers fill (docs/guarantees.md)
         if self._events_wanted:
             for batch in self._encoder.batches(txn, cursor=self._cursor, last=True):
                 self._count(len(batch))

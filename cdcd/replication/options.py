@@ -2,7 +2,7 @@
 
 ``proto_version`` may not exceed what the server knows (14: 2, 15: 3, 16 and later: 4); streaming
 needs 2 (``parallel`` needs 4), two-phase 3, ``origin`` PostgreSQL 16. See the README's
-"Configuration" section.
+"Configuration" section and ``config/cdcd.reference.yaml``.
 """
 
 from __future__ import annotations

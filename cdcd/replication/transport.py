@@ -19,8 +19,8 @@ from cdcd.wire.dsn import ConnParams, ssl_context
 HIGH_WATER = 4 * 1024 * 1024
 #: While streaming, a read smaller than this may pause reading for COALESCE_SECONDS, so that
 #: the next read takes what the walsender wrote meanwhile in one piece (it writes message by
-#: message: keeping pace with it, reads are ~1 KB each otherwise). See the README's
-#: "Socket reads".
+#: message: keeping pace with it, reads are ~1 KB each otherwise). See
+#: docs/development.md, "Socket reads".
 SMALL_READ = 32 * 1024
 #: uvloop rounds timer delays to whole milliseconds: 0.5 ms would not wait at all.
 COALESCE_SECONDS = 0.001

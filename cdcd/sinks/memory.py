@@ -1,6 +1,6 @@
 """The memory sink: keeps every event's value in a list (tests and embedding).
 
-``values`` holds each event's value dict (README "Change events"), ``keys`` the matching key dicts (or
+``values`` holds each event's value dict (docs/events.md), ``keys`` the matching key dicts (or
 None), ``events`` the ChangeEvent objects, ``transactions`` the ``(xid, commit_lsn, end_lsn,
 event_count)`` of every committed transaction. A transaction is durable as soon as it is
 committed. Values are built in ``write``, while the transaction's rows are still held.

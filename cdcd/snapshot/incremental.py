@@ -1,7 +1,7 @@
 """Incremental snapshots: tables read in key-ordered chunks while streaming goes on (DBLog).
 
 For each requested table with a primary key (or a replica identity index), chunk after chunk
-(README "Incremental snapshots")::
+(docs/snapshots.md)::
 
     arm the window ▶ low watermark ▶ COPY (SELECT ... WHERE (key) > (last) ORDER BY key
         LIMIT n) ▶ high watermark ▶ wait until the reader has reached it (cdcd.snapshot.watermarks)

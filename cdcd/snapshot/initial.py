@@ -122,7 +122,7 @@ class ReaderTuner:
     more and tries one more; else it goes back to the best count and stays there. More readers
     pay where the server is the limit (a database with cores to spare); where cdcd is (one
     process: decoding, encoding, writing), they only add server backends competing for the
-    same cores and interleaved streams, and make it slower (README "Initial snapshot")."""
+    same cores and interleaved streams, and make it slower (docs/snapshots.md)."""
 
     def __init__(self, most: int, gain: float = 1.05, *, tune: bool = True) -> None:
         self.most = most

@@ -1,6 +1,6 @@
 """The reader's side of incremental snapshots: watermark windows in the replication stream.
 
-An incremental snapshot (:mod:`cdcd.snapshot.incremental`, README "Incremental snapshots")
+An incremental snapshot (:mod:`cdcd.snapshot.incremental`, docs/snapshots.md)
 reads a table in chunks, each between a low and a high watermark: transactional logical
 messages with the prefix :data:`WATERMARK` that the snapshot connection writes with
 ``pg_logical_emit_message(true, 'cdcd-watermark', ...)``. They come back in the replication

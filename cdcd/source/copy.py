@@ -1,5 +1,4 @@
-"""Rows read with ``COPY (SELECT ...) TO STDOUT``: the snapshots' reads (README "Initial
-snapshot": COPY's text output is already the bytes the encoder takes, where a ``SELECT`` goes
+"""Rows read with ``COPY (SELECT ...) TO STDOUT``: the snapshots' reads (docs/snapshots.md: COPY's text output is already the bytes the encoder takes, where a ``SELECT`` goes
 through ``str`` and back; measured about twice as fast). The lines become text-kind
 :class:`~cdcd.decoder.events.TupleData`, as the stream's text values do, in
 :mod:`cdcd.decoder.copy_text` (compiled): at once (:func:`copy_query`), or, for the initial

@@ -11,7 +11,7 @@ failover the next connection finds the promoted standby. :meth:`Source.prepare` 
 transient errors with the reconnect backoff, bounded by ``source.give_up_after``, so a daemon
 started before its database (or during a failover) waits instead of exiting.
 
-Failover slots (PostgreSQL 17+, README "High availability"): with ``source.failover`` on, the
+Failover slots (PostgreSQL 17+, docs/high-availability.md): with ``source.failover`` on, the
 slot is created with ``FAILOVER`` in CREATE_REPLICATION_SLOT itself (altering it later on the
 exporting connection would destroy the exported snapshot); a slot that exists without it is
 altered on a connection of its own. 17 refuses FAILOVER together with TWO_PHASE, 18 allows it.
@@ -306,7 +306,7 @@ class Source:
                 "(not a failover slot, or not synchronised to the promoted standby). Changes "
                 "since were lost. To start over with a new slot and a new snapshot, run 'cdcd "
                 f"slot drop' (or remove {history}); or set source.on_slot_lost: recreate "
-                "(README, High availability)",
+                "(docs/high-availability.md)",
                 reason="missing",
             )
         if info is None:
@@ -364,7 +364,7 @@ class Source:
         if wants_failover(self.config.source, await slots.server_version(self.catalog_conn)):
             log.warning(
                 "the slot is a failover slot but synchronized_standby_slots is empty on the "
-                "primary: cdcd may publish changes no standby has yet (README, High availability)",
+                "primary: cdcd may publish changes no standby has yet (docs/high-availability.md)",
                 slot=self.config.source.slot,
             )
 
@@ -501,8 +501,8 @@ class Source:
             raise SlotLostError(
                 f"replication slot {src.slot!r} is invalidated ({reason}): {why}. Changes were "
                 "lost; drop the slot ('cdcd slot drop'), re-create it and re-snapshot the "
-                "tables, or set source.on_slot_lost: recreate to have cdcd do it (README, High "
-                "availability)",
+                "tables, or set source.on_slot_lost: recreate to have cdcd do it (docs/high-"
+                "availability.md)",
                 reason=reason,
             )
         if src.two_phase and info.two_phase is False:

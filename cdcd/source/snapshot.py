@@ -18,15 +18,15 @@ consistent point - 1, ``seq`` counting across tables, which sorts them before ev
 change. Not the point itself: it is the end of the running-xacts record at which the snapshot
 became consistent, and a transaction still running there (not in the snapshot, decoded in full)
 can commit with its commit record right after that one, i.e. at the point; one byte earlier
-lies inside that record, where nothing commits (README "Change events": positions are unique).
+lies inside that record, where nothing commits (docs/events.md: positions are unique).
 Values are read as text with the same session settings as the replication connection and go
 through the same text converters as streamed changes.
 
-Chunks (README "Initial snapshot"): each table is split into block ranges of about
+Chunks (docs/snapshots.md): each table is split into block ranges of about
 ``snapshot.initial_chunk_rows`` rows (``WHERE ctid >= '(a,0)' AND ctid < '(b,0)'``: a TID range
 scan on PostgreSQL 14+, so tables without a key split too), read with
 ``COPY (SELECT ...) TO STDOUT`` — measured faster than a cursor over the same ``SELECT``
-(README). ``snapshot.workers`` connections read chunks at once, each in its own transaction
+(docs/snapshots.md). ``snapshot.workers`` connections read chunks at once, each in its own transaction
 importing the same exported snapshot; :mod:`cdcd.snapshot.initial` hands them to the sinks in
 chunk order, so ``seq`` stays dense and in table order however the reads interleave.
 """
@@ -402,8 +402,7 @@ async def read_key_chunk(
     limit: int,
     upto: list[str] | None = None,
 ) -> tuple[list[TupleData], str, bool]:
-    """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (README "Initial
-    snapshot": faster than a SELECT), the snapshot it was read at (``pg_current_snapshot()``:
+    """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (docs/snapshots.md: faster than a SELECT), the snapshot it was read at (``pg_current_snapshot()``:
     the watermarks drop rows of transactions it does not see, :mod:`cdcd.snapshot.watermarks`),
     and whether ``table``'s columns are no longer all there as described (an ALTER TABLE since it was
     described: read in the same transaction, whose lock keeps an ALTER from coming between)."""
@@ -443,7 +442,7 @@ async def key_problem(conn: Any, table: SnapshotTable, keys: list[tuple[str, str
     (``(name, type)``), or None. A primary key's index uses its types' default btree operator
     classes (PostgreSQL refuses any other), so ORDER BY always works; the comparison
     ``(key) > (last key)`` also needs that class's operators to be named ``<`` and ``>``,
-    which a user-defined class need not do (README "Incremental snapshots")."""
+    which a user-defined class need not do (docs/snapshots.md)."""
     rel = table.relation
     cols = ", ".join(quote_ident(k) for k, _ in keys)
     nulls = ", ".join(f"NULL::{t}" for _, t in keys)

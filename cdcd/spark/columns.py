@@ -1,7 +1,7 @@
 """Names and column expressions shared by the state, history and MERGE jobs.
 
 State and history rows carry the position of the event that made them in ``_cdc_commit_lsn``
-and ``_cdc_seq`` (README "Change events": ``(source.commit_lsn, source.seq)`` is unique per event and
+and ``_cdc_seq`` (docs/events.md: ``(source.commit_lsn, source.seq)`` is unique per event and
 orders all events of a table) and ``_cdc_deleted`` for tombstones.
 """
 

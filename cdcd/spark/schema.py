@@ -1,12 +1,12 @@
 """Explicit Spark schemas from the file sink's ``_schema/`` files: no inference pass.
 
-A table folder's ``_schema/<commit_lsn:016X>-<seq:08X>.json`` files (README "File sink") each hold
+A table folder's ``_schema/<commit_lsn:016X>-<seq:08X>.json`` files (docs/files.md) each hold
 the table's columns (name, type name, type OID, typmod, key flag) from the first event at
 which they apply. :func:`table_schemas` reads them (with Spark, so any Hadoop path works; one
 small job), :func:`event_schema_from_files` turns them into the event schema used for batch and
 streaming reads of JSON Lines (and of Kafka values).
 
-PostgreSQL type → Spark type (JSON Lines values, README "Change events"):
+PostgreSQL type → Spark type (JSON Lines values, docs/events.md):
 
 ==============================================  =====================================
 int2, int4                                      IntegerType
@@ -189,7 +189,7 @@ def row_schema(
 
 
 def event_schema_for(row: StructType, key: tuple[str, ...]) -> StructType:
-    """The change event schema (README "Change events", plus the top-level ``key``) of rows ``row``."""
+    """The change event schema (docs/events.md, plus the top-level ``key``) of rows ``row``."""
     key_type: DataType = (
         StructType([row[k] for k in key]) if key else StringType()  # null for keyless tables
     )

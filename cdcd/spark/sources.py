@@ -1,12 +1,12 @@
 """Reading cdcd's change events into Spark DataFrames: file sink folders and Kafka records.
 
-Every reader returns *events*: a DataFrame with the change event's fields (README "Change events") as
+Every reader returns *events*: a DataFrame with the change event's fields (docs/events.md) as
 columns: ``before``, ``after`` (structs of the table's columns), ``op``, ``source`` (struct,
 ``source.commit_lsn`` and ``source.seq`` are the event's position), ``ts_ms``,
 ``transaction`` and ``key`` (struct of the key columns; absent or null for a keyless table).
 :mod:`cdcd.spark.state` turns events into table state.
 
-Files (README "File sink"). One table folder ``<path>/<schema>.<table>`` is read with Spark's own
+Files (docs/files.md). One table folder ``<path>/<schema>.<table>`` is read with Spark's own
 file source. Spark skips every file *and folder* whose name starts with ``_`` or ``.`` (the
 ``_schema/`` folder, the sink's hidden in-progress files), which is exactly the sink's rule
 for "not a data file"; ``pathGlobFilter`` also restricts the read to the format's suffix.
@@ -15,7 +15,7 @@ JSON Lines are read with an explicit schema built from the table's ``_schema/`` 
 folders are read with ``mergeSchema`` (the footers' schemas) because the sink starts a new file
 when the table's columns change.
 
-Kafka (README "Kafka sink"). The Kafka source jar is not part of PySpark. In production::
+Kafka (docs/kafka.md). The Kafka source jar is not part of PySpark. In production::
 
     records = (spark.readStream.format("kafka")
                .option("kafka.bootstrap.servers", "broker:9092")

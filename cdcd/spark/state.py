@@ -1,6 +1,6 @@
 """From change events to table state: deduplicate, rebuild, and apply micro-batches.
 
-Events are the DataFrames of :mod:`cdcd.spark.sources` (one table's events, README "Change events").
+Events are the DataFrames of :mod:`cdcd.spark.sources` (one table's events, docs/events.md).
 
 Position. ``(source.commit_lsn, source.seq)`` is unique per event and orders all events:
 delivery is at-least-once, so a consumer deduplicates on it (:func:`deduplicate`) and applies
@@ -29,7 +29,7 @@ value is wrapped in a one-field struct first so that a real SQL null still count
 
 Key changes. An update that changes the key is a delete of the old key carrying
 ``source.new_key`` followed, at the next ``seq``, by a create of the new key carrying
-``source.old_key`` (README "Change events"). The create's unchanged TOAST columns are the values the row
+``source.old_key`` (docs/events.md). The create's unchanged TOAST columns are the values the row
 had under the old key just before: the create *continues* the old key's row. Rows are grouped
 into segments (a key's events from an insert, snapshot read or state row up to the next one);
 a create with ``old_key`` and unchanged TOAST columns links its segment to the segment holding

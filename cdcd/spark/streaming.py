@@ -3,7 +3,7 @@
 :func:`stream_files_to_parquet` reads new files of ``<src>/<schema>.<table>`` with Spark's
 streaming file source (oldest modification time first, which is the sink's publishing order,
 ``maxFilesPerTrigger`` files per micro-batch; files with the same modification time come in
-listing order, README "The incremental job") and, in ``foreachBatch``, applies each micro-batch with
+listing order, docs/spark.md) and, in ``foreachBatch``, applies each micro-batch with
 :func:`cdcd.spark.incremental.apply_batch`: only the buckets the batch touches are read and
 rewritten, and a batch Spark replays after a crash changes nothing.
 :func:`cdcd.spark.incremental.read_state` gives the current rows.

@@ -1,4 +1,4 @@
-"""PostgreSQL text output, converted to the JSON values of README "Change events" and to native values.
+"""PostgreSQL text output, converted to the JSON values of docs/events.md and to native values.
 
 Text-mode columns (TupleData ``t``) carry the type's output-function text. cdcd's replication
 session always sets ``DateStyle=ISO, MDY``, ``TimeZone=UTC``, ``IntervalStyle=iso_8601``,
@@ -8,7 +8,7 @@ offset. Every function here is pure.
 
 Array text (``array_out``): ``{a,"b c",NULL,{...}}``, elements quoted with ``"`` when needed and
 ``\\`` escaping inside quotes; a ``[lb:ub]=`` prefix when a lower bound is not 1 (then the
-whole text is the JSON value, README "Change events").
+whole text is the JSON value, docs/events.md).
 """
 
 from __future__ import annotations

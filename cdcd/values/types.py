@@ -10,7 +10,7 @@ API (others build on exactly this)::
     RowDecoder(relation, registry, "json" | "native"): names, decode(tup), unchanged(tup),
                     row_json(tup), columns_json(tup, idx, prefixes), json_prefixes(names)
 
-Values follow README "Change events". The decisions the contract leaves open:
+Values follow docs/events.md. The decisions the contract leaves open:
 
 - Fractions of seconds are rendered as PostgreSQL prints them: trailing zeros trimmed, no
   fraction when zero (``12:00:00.5``, ``2024-01-01T00:00:00Z``).

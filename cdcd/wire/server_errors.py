@@ -57,7 +57,7 @@ def source_error(err: ServerMessage, *, user: str = "", context: str = "") -> So
     if code == "42704" and "replication slot" in lowered:
         return SlotLostError(
             f"{head}{text}. Create it (cdcd slot create, or source.create_slot), or set "
-            "source.on_slot_lost: recreate if it was lost (README, High availability)",
+            "source.on_slot_lost: recreate if it was lost (docs/high-availability.md)",
             reason="missing",
         )
     if code == "42704":

@@ -6,7 +6,7 @@
   ``--read-only`` (as the Helm chart sets it) and the per-row modules are the compiled ones
   (``python -m cdcd.accel status``);
 * with the config mounted at ``/etc/cdcd/cdcd.yaml`` and a data folder at ``/var/lib/cdcd``
-  (README "Operating cdcd"), ``check`` passes against a test PostgreSQL and ``run`` streams
+  (docs/operating.md), ``check`` passes against a test PostgreSQL and ``run`` streams
   its changes into files; ``/healthz``, ``/readyz``, ``/metrics`` and the status page ``/``
   answer while it streams; ``docker stop`` drains (files published, position confirmed) and the exit code is 0.
 

@@ -8,7 +8,7 @@ faults:
 * ``kill -9`` of the daemon at random moments, 22 times, with Kafka and JSON Lines files as
   sinks at once.
 
-Then, after a final ``cdcd run --endpos``, exact checks (README "Kafka sink", docs/progress.md): every committed event
+Then, after a final ``cdcd run --endpos``, exact checks (docs/kafka.md, docs/progress.md): every committed event
 is in Kafka (counts per table and op equal what the workload committed; the tables rebuilt
 from Kafka equal the source); a duplicate always carries the position ``(commit_lsn, seq)`` of
 an identical event (only the processing time ``ts_ms`` may differ); a tombstone follows every

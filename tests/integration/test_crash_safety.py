@@ -1,6 +1,6 @@
 """Crash safety end to end: the real ``cdcd`` daemon against a real PostgreSQL while a workload
 runs, with real faults — SIGKILL of the daemon, server restarts and crashes, connections cut by a
-TCP proxy, SIGTERM — and then exact checks (README "File sink", docs/progress.md):
+TCP proxy, SIGTERM — and then exact checks (docs/files.md, docs/progress.md):
 
 * every committed change is in the files exactly once: no ``(commit_lsn, seq)`` twice, the
   number of events per folder and op equals what the workload committed, and replaying the
@@ -779,7 +779,7 @@ def test_sigterm_drains_and_exits_zero(
 
 def test_nontransactional_message_position_is_unique(pg_db: PgDatabase, tmp_path: Path) -> None:
     """PostgreSQL's Message LSN is the END of the message's WAL record: here the commit LSN of
-    the transaction whose commit record follows it. README "Change events" puts the message at
+    the transaction whose commit record follows it. docs/events.md puts the message at
     ``(its LSN - 1, 0)``, inside its own record, so the two positions differ."""
     prepare_database(pg_db)
     cfg = make_config(tmp_path, pg_db.dsn)

@@ -4,9 +4,9 @@ Every test creates its tables in a fresh database, creates the slot and publicat
 ``cdcd slot create``, runs a workload, then runs ``cdcd run --endpos <current WAL LSN>`` and
 reads the table folders back independently of cdcd's code (:mod:`tests.e2e`). Checks:
 
-* the file layout (README "File sink"): each file named after its first event, sorted names = event
+* the file layout (docs/files.md): each file named after its first event, sorted names = event
   order, no position ``(commit_lsn, seq)`` twice (:func:`tests.e2e.checked_events`);
-* the event shapes (README "Change events") where the scenario is about them;
+* the event shapes (docs/events.md) where the scenario is about them;
 * the table state: applying the events in ``(commit_lsn, seq)`` order to an empty table (by
   ``key``, else by the whole ``before``; unchanged-TOAST markers keep the previous value) gives
   the source table's rows. Source rows are read as ``to_jsonb(t)``; both sides are normalised
@@ -125,7 +125,7 @@ def ops(events: list[dict[str, Any]]) -> str:
 
 
 def test_replica_identities(pg_db: PgDatabase, tmp_path: Path) -> None:
-    """DEFAULT (pk), FULL, USING INDEX and NOTHING: before/after/key shapes (README "Change events")."""
+    """DEFAULT (pk), FULL, USING INDEX and NOTHING: before/after/key shapes (docs/events.md)."""
     pg_db.execute(
         """
         CREATE TABLE t_default (id int PRIMARY KEY, a text, n numeric);
@@ -652,7 +652,7 @@ def test_logical_messages(pg_db: PgDatabase, tmp_path: Path) -> None:
     (insert,) = cdc.events("t")
     assert messages[0]["source"]["commit_lsn"] == insert["source"]["commit_lsn"]
     assert messages[0]["source"]["seq"] == 1
-    for message in messages[1:]:  # position: its own LSN - 1, seq 0 (README "Change events")
+    for message in messages[1:]:  # position: its own LSN - 1, seq 0 (docs/events.md)
         assert message["source"]["seq"] == 0
         assert message["source"]["commit_lsn"] == message["source"]["lsn"] - 1
 
@@ -739,7 +739,7 @@ def _same_timestamptz(event: Any, value: datetime.datetime) -> bool:
     return datetime.datetime.fromisoformat(event.replace("Z", "+00:00")) == value
 
 
-#: how each column's contract JSON value (README "Change events") compares with psycopg2's Python value
+#: how each column's contract JSON value (docs/events.md) compares with psycopg2's Python value
 _SAME: dict[str, Any] = {
     "num": lambda e, v: Decimal(e) == v,
     "ts": _same_timestamptz,

@@ -9,7 +9,7 @@ Lines events, which :mod:`tests.integration.test_e2e_files` proves against the s
 
 * Parquet: the same events in the same order (positions, op, source, transaction, key,
   before/after values once native types are written in their JSON form);
-* Kafka (README "Kafka sink"): per table topic, the values are the JSON Lines events minus ``key``, in
+* Kafka (docs/kafka.md): per table topic, the values are the JSON Lines events minus ``key``, in
   the same order, the record key is the event's ``key``; a tombstone with the same key and
   headers follows each delete with a key; headers carry the position, xid and op; logical
   messages go to ``<name>.message``; no other topic;
@@ -107,7 +107,7 @@ def confirmed_flush(db: PgDatabase) -> int:
 
 
 def source_state(db: PgDatabase, table: str, columns: str = "*") -> list[dict[str, Any]]:
-    """The source rows with values in their README "Change events" JSON form (psycopg2's native values
+    """The source rows with values in their docs/events.md JSON form (psycopg2's native values
     through :func:`native_to_json`; json/jsonb columns selected as text by ``columns``)."""
     with db.connect() as conn, conn.cursor() as cur:
         cur.execute(f"SELECT {columns} FROM {table}")
@@ -140,7 +140,7 @@ def check_topic(records: list[KafkaRecord], expected: list[dict[str, Any]]) -> N
         if src.get("txId") is not None:
             headers["cdcd.xid"] = str(src["txId"])
         for link, header in (("new_key", "__debezium.newkey"), ("old_key", "__debezium.oldkey")):
-            if link in src:  # a key change's pair (README "Change events"): the other key as JSON
+            if link in src:  # a key change's pair (docs/events.md): the other key as JSON
                 headers[header] = orjson.dumps(src[link]).decode()
         assert record.headers == headers, record
     for i, record in enumerate(records):
@@ -161,7 +161,7 @@ TYPED_COLUMNS = "id, a, n, ts, d, b, j::text AS j, big"
 
 
 def run_workload(db: PgDatabase) -> None:
-    """Every scenario of the files issue, once (the tables exist, the slot too)."""
+    """Every scenario of the file sink tests, once (the tables exist, the slot too)."""
     big = "".join(f"{i:05d}" for i in range(2000))  # 10 kB, stored out of line (EXTERNAL)
     for table in ("t_default", "t_full"):
         db.execute(

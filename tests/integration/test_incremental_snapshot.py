@@ -1,4 +1,4 @@
-"""Incremental snapshots (README "Incremental snapshots") against a real server: the real
+"""Incremental snapshots (docs/snapshots.md) against a real server: the real
 ``cdcd`` daemon snapshots a table in chunks between watermarks while a workload inserts,
 updates, deletes and changes keys in it; the table rebuilt from the files equals the source,
 no row is emitted as ``r`` twice (but for the chunks in flight at a kill -9), and the slot keeps

@@ -1,4 +1,4 @@
-"""Lossless events (README "Change events"): a consumer rebuilds the source table exactly, and positions
+"""Lossless events (docs/events.md): a consumer rebuilds the source table exactly, and positions
 are unique — against real PostgreSQL servers (every installed version) and a real broker.
 
 * Key change + unchanged TOAST. An update that changes the key of a row whose TOASTed column

@@ -1,4 +1,4 @@
-"""The initial snapshot read by several workers (README "Initial snapshot"): block-range chunks
+"""The initial snapshot read by several workers (docs/snapshots.md): block-range chunks
 of several tables, one of them large and one without a key, read over ``snapshot.workers``
 connections at the slot's exported snapshot while a workload changes the tables; the tables
 rebuilt from the files equal the source, every row is read once, positions are unique and in
@@ -124,7 +124,7 @@ def _check_tables(tmp_path: Path, pg_db: PgDatabase, restarted: bool = False) ->
         events = checked_events(out, f"public.{table}")  # positions unique, in file order
         if restarted and table == "keyless":
             # rows without a key cannot be matched across attempts: a consumer keeps the `r`
-            # events of the last snapshot only (README "Initial snapshot")
+            # events of the last snapshot only (docs/snapshots.md)
             last = max(e["source"]["commit_lsn"] for e in events if e["op"] == "r")
             events = [e for e in events if e["op"] != "r" or e["source"]["commit_lsn"] == last]
         reads = [e for e in events if e["op"] == "r"]

@@ -85,7 +85,7 @@ def read_folder(folder: Path) -> list[dict[str, Any]]:
 
 
 def as_json(value: Any) -> Any:
-    """A native value in the JSON representation of README "Change events", to compare with the JSON."""
+    """A native value in the JSON representation of docs/events.md, to compare with the JSON."""
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, dt.datetime):

@@ -149,7 +149,7 @@ def test_jsonl_and_parquet_on_s3_match_the_local_sink(
         sorted((pq_mirror / "public.orders" / "_schema").iterdir())[1].name
         == sorted((local / "public.orders" / "_schema").iterdir())[1].name
     )
-    # read in place with pyarrow, as README "Reading with Spark" shows
+    # read in place with pyarrow, as docs/spark.md shows
     table = dataset(f"{parquet}/public.orders", filesystem=s3.filesystem(), format="parquet")
     rows = (
         table.to_table()

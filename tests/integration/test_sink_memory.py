@@ -1,8 +1,8 @@
-"""The sinks' own buffers count against ``buffer.memory_limit`` (issue 16, item 4).
+"""The sinks' own buffers count against ``buffer.memory_limit``.
 
 A real PostgreSQL streams into the Parquet file sink or the Kafka sink (tansu) through
 ``cdcd run --endpos``, with a small limit; the cdcd process's peak RSS (``wait4``) must stay
-within ``memory_limit + 150 MiB``, in the two shapes that used to pass it (README "Memory"):
+within ``memory_limit + 150 MiB``, in the two shapes that used to pass it (docs/guarantees.md):
 
 * TOASTed rows (the benchmark's W3): 4 KB out-of-line values in transactions of 1,000 rows,
   then updates leaving them unchanged. The Parquet sink used to keep up to 65,536 rows per

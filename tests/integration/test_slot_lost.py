@@ -1,4 +1,4 @@
-"""``source.on_slot_lost`` (README "High availability") against a real server: the real daemon,
+"""``source.on_slot_lost`` (docs/high-availability.md) against a real server: the real daemon,
 a slot invalidated by ``max_slot_wal_keep_size`` (WAL generated past it, then a CHECKPOINT,
 until ``wal_status`` is ``lost``), rows inserted, updated and *deleted* while the slot could not
 follow them.

@@ -1,4 +1,4 @@
-"""Incremental snapshots given bad input (README "Incremental snapshots", "What goes wrong"),
+"""Incremental snapshots given bad input (docs/snapshots.md, "What goes wrong"),
 against a real server and the real daemon: a primary key keyset pagination cannot page
 through (a user-defined ordering), a table removed from the publication mid-snapshot (and added back), column types changed
 mid-snapshot (a column's and the key's). Each is handled or stopped with a message naming the
@@ -126,7 +126,7 @@ def test_a_table_removed_from_the_publication_and_added_back(
 ) -> None:
     """Its snapshot stops with a warning; added back, it is backfilled (snapshot.new_tables).
     Changes made while it is out of the publication are not streamed (deletes then would
-    leave rows behind in consumers: README), so the writers pause during that time."""
+    leave rows behind in consumers: docs/snapshots.md), so the writers pause during that time."""
     _table(pg_db)
     pg_db.execute("CREATE PUBLICATION cdcd_e2e_pub FOR TABLE t")
     cfg = _config(tmp_path, pg_db.dsn, "incremental", chunk_rows=20, chunks_in_flight=1)

@@ -1,4 +1,4 @@
-"""``cdcd snapshot --table`` following the snapshot it asked for (README "Incremental snapshots",
+"""``cdcd snapshot --table`` following the snapshot it asked for (docs/snapshots.md,
 "Watching"), against a real server and the real daemon: on a terminal (a pty) progress bars
 until done; off a terminal with ``--follow``, plain lines with rows, rate and ETA."""
 

@@ -1,4 +1,4 @@
-"""Incremental snapshots at scale (README "Incremental snapshots"): 1,000,000 rows in four
+"""Incremental snapshots at scale (docs/snapshots.md): 1,000,000 rows in four
 tables snapshotted by the real ``cdcd`` daemon with its default chunk settings while writers
 insert, update, delete and change keys, some of them right at the chunk being read, and kill -9
 at five random moments. The tables rebuilt from what the sink holds (JSON Lines files; Kafka)

@@ -419,12 +419,12 @@ def test_key_changes_with_unchanged_toast(spark: Any, workload: Workload, tmp_pa
     events = read_events(workload.jsonl, table)
     creates = [e for e in events if e["op"] == "c" and e["source"].get("unchanged_toast")]
     assert creates, "the workload has no key change with an unchanged TOASTed column"
-    assert all("old_key" in e["source"] for e in creates), creates  # README "Change events"
+    assert all("old_key" in e["source"] for e in creates), creates  # docs/events.md
     for out, fmt in ((workload.jsonl, "jsonl"), (workload.parquet, "parquet")):
         state = latest_state(events_from_files(spark, str(out), table, fmt), ["id"])
         assert_same_state(state, workload, table)
     # Spark takes files by modification time, and files published in the same millisecond come
-    # in listing order (README "The incremental job"): here one second apart, in name order
+    # in listing order (docs/spark.md): here one second apart, in name order
     for i, path in enumerate(data_files(workload.jsonl / table)):
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
     query = stream_files_to_parquet(
@@ -468,7 +468,7 @@ def test_replays_across_batches_synthetic(spark: Any) -> None:
 
 
 def test_reset_of_a_recreated_slot_synthetic(spark: Any) -> None:
-    """README "High availability": after a slot is recreated, a reset (op t, source.snapshot
+    """docs/high-availability.md: after a slot is recreated, a reset (op t, source.snapshot
     reset) drops every earlier row, including rows deleted while no slot existed (no event
     says so); a delete may name a row not backfilled yet; the backfill (op r) refills. In one
     batch and with the reset and the backfill in later batches than the old rows."""

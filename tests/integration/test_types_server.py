@@ -1,5 +1,5 @@
 """Value conversion against real servers: text and binary pgoutput give the same JSON values,
-and both equal what the server's own rendering (``::text``, ``to_json``) says, per README "Change events".
+and both equal what the server's own rendering (``::text``, ``to_json``) says, per docs/events.md.
 
 One table of ~100 columns of every kind of type (arrays, enums, domains, composites, ranges,
 numeric specials, timestamps at DST changes and ±infinity, Unicode text, bytea, json 'null',

@@ -176,7 +176,7 @@ def test_messages_transactional_and_not(asm: Assembler, feed: Feeder) -> None:
     assert (single.kind, single.xid, single.commit_lsn, single.end_lsn, single.size) == (
         "message",
         0,
-        0x4FFF,  # the message's LSN - 1: inside its own WAL record (README "Change events")
+        0x4FFF,  # the message's LSN - 1: inside its own WAL record (docs/events.md)
         0x5000,  # acknowledged with the LSN as sent
         1,
     )

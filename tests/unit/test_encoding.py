@@ -1,4 +1,4 @@
-"""Change events from Transactions built directly from pgoutput events (README "Change events")."""
+"""Change events from Transactions built directly from pgoutput events (docs/events.md)."""
 
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def test_transactional_message_is_an_op_m_event_in_its_transaction() -> None:
 
 def test_non_transactional_message_has_its_own_position_and_no_transaction() -> None:
     (msg,) = encoder().events(standalone_message(0x5000, "hb", b"x"))
-    assert msg.position == (0x4FFF, 0)  # the message's LSN - 1 (README "Change events")
+    assert msg.position == (0x4FFF, 0)  # the message's LSN - 1 (docs/events.md)
     assert msg.lsn == 0x5000
     value = msg.value()
     assert value["transaction"] is None

@@ -1,4 +1,4 @@
-"""Fast paths of the encoder give the same answers as the general path (bench/run.py issue)."""
+"""Fast paths of the encoder give the same answers as the general path."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The JSON Lines file sink: layout, atomic publication, rollover, exactly-once recovery
-(README "File sink"). Transactions are built directly from pgoutput events."""
+(docs/files.md). Transactions are built directly from pgoutput events."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """sync_and_release: a completed data file is fsynced, then its pages leave the page cache (the
-next file's writes reuse them; README "File sink"). Checked on a real file with util-linux's
+next file's writes reuse them; docs/files.md). Checked on a real file with util-linux's
 ``fincore``, which counts a file's cached pages."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The file sink's settings: ``sinks: - type: file`` and its ``storage:`` (README "File sink").
+"""The file sink's settings: ``sinks: - type: file`` and its ``storage:`` (docs/files.md).
 
 Kept apart from the sink so that every module of the file sink can name them without importing
 the sink (:mod:`~cdcd.sinks.file.sink` imports them all).
@@ -61,7 +61,7 @@ class StorageConfig(BaseModel):
 
 
 class FileSinkConfig(BaseModel):
-    """``sinks: - type: file`` (README "Configuration", "File sink")."""
+    """``sinks: - type: file`` (docs/files.md)."""
 
     model_config = ConfigDict(extra="forbid")
 

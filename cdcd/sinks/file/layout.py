@@ -1,4 +1,4 @@
-"""The file sink's layout on disk (README "File sink"): file and folder names, the table
+"""The file sink's layout on disk (docs/files.md): file and folder names, the table
 writers (JSON Lines here; Parquet in :mod:`cdcd.sinks.file.parquet`), and publishing: a file is
 written under a hidden name, fsynced, renamed, and its folder fsynced.
 
@@ -151,9 +151,8 @@ class TableWriter(abc.ABC):
 
 
 def sync_and_release(fd: int) -> None:
-    """fsync a completed data file, then tell the kernel its cached pages may go (README "File
-    sink": the next file's writes reuse them instead of taking fresh memory; measured on the
-    10,000,000-row snapshot, README "Initial snapshot"). Only advice: where the platform has no
+    """fsync a completed data file, then tell the kernel its cached pages may go (docs/files.md: the next file's writes reuse them instead of taking fresh memory; measured on the
+    10,000,000-row snapshot, docs/snapshots.md). Only advice: where the platform has no
     ``posix_fadvise`` or refuses it, nothing changes."""
     os.fsync(fd)
     fadvise = getattr(os, "posix_fadvise", None)

@@ -5,7 +5,7 @@ to a new file when a table's columns change, ``roll_on_schema_change``; Spark re
 with ``mergeSchema``). Names, atomic publication, rollover and recovery are the file sink's
 (:mod:`cdcd.sinks.file.sink`); this module only turns events into rows.
 
-Row schema (the JSON event's fields, README "Change events")::
+Row schema (the JSON event's fields, docs/events.md)::
 
     op           string
     before       struct<columns>          null when the server sent no old row
@@ -38,7 +38,7 @@ every value coalesces the two; a reader that does not care sees a null. Unchange
 values are null, as in the native rows, and listed in ``source.unchanged_toast``.
 
 ``source.old_key`` / ``source.new_key`` have the type of ``key`` and are null except on the two
-events of a key change (the delete carries ``new_key``, the create ``old_key``, README "Change events"); a
+events of a key change (the delete carries ``new_key``, the create ``old_key``, docs/events.md); a
 table without key columns has neither field (its updates never change a key).
 
 The Arrow schema's metadata ``cdcd.schema`` carries the table's columns (the ``_schema`` file
@@ -85,7 +85,7 @@ FIRST_CONVERT_ROWS = 1024
 # Arrow's default pool (mimalloc) keeps freed buffers for reuse, so row groups written long
 # ago still count in the process's RSS (about 40 MB more in a W3-style run at a 32 MiB
 # buffer.memory_limit); the system allocator gives them back, which keeps the sink within its
-# memory_budget (README "Memory").
+# memory_budget (docs/guarantees.md).
 pa.set_memory_pool(pa.system_memory_pool())
 #: Row groups are encoded and compressed here (Arrow releases the GIL meanwhile), so decoding
 #: the next events overlaps with writing the previous ones. One thread: FIFO for all files.
@@ -144,7 +144,7 @@ SOURCE_TYPE = pa.struct(
 #: The source fields that repeat a few values across a file, written with dictionary encoding
 #: like ``op``. Every other column is plain-encoded (and compressed): dictionary encoding of a
 #: column with many distinct values builds a 1 MiB dictionary, then falls back to plain anyway,
-#: which cost W1 0.9 us per row and made its files 60 % larger (README "Parquet files").
+#: which cost W1 0.9 us per row and made its files 60 % larger (docs/files.md).
 DICTIONARY_SOURCE_FIELDS = frozenset(
     {"version", "connector", "name", "db", "schema", "table", "snapshot", "origin"}
 )
@@ -292,7 +292,7 @@ class RowLayout:
         fields.append(pa.field("unrepresentable", pa.map_(pa.string(), pa.string())))
         metadata = {"cdcd.schema": orjson.dumps(schema_info)} if schema_info else None
         self.schema = pa.schema(fields, metadata=metadata)
-        #: the columns written with dictionary encoding (README "Parquet files")
+        #: the columns written with dictionary encoding (docs/files.md)
         self.dictionary_columns = [
             "op",
             *(f"source.{f.name}" for f in self.source_type if f.name in DICTIONARY_SOURCE_FIELDS),

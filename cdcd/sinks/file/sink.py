@@ -1,4 +1,4 @@
-"""The file sink: one folder per table that Spark reads directly (README "File sink").
+"""The file sink: one folder per table that Spark reads directly (docs/files.md).
 
 Layout under ``path``::
 
@@ -33,7 +33,7 @@ Invariants:
   order and a crash leaves, per folder, a prefix of its files published. A job of at most
   ``INLINE_PUBLISH_BYTES`` on a local disk runs on the event loop instead: its fsyncs take
   about as long as handing it to the thread and back (each hand-off waits for the GIL while
-  the loop decodes), and W4's p99 fell from 27 to 23 ms (README "File sink"). Only while
+  the loop decodes), and W4's p99 fell from 27 to 23 ms (docs/files.md). Only while
   publication is quick, though (``Publisher.quick``): after a job that took longer than
   ``QUICK_PUBLISH_SECONDS`` (a slow or stalled disk), jobs go to the thread until one is quick
   again, so a disk that stalls stops the event loop (the reader, keepalives, the other sinks)

@@ -1,4 +1,4 @@
-"""Object storage for the file sink: ``sinks[].path: s3://bucket/prefix`` (README "File sink").
+"""Object storage for the file sink: ``sinks[].path: s3://bucket/prefix`` (docs/files.md).
 
 The file sink writes each file under a hidden name in a local *staging* folder, exactly as on
 disk; publishing it uploads the completed file to its final key and deletes the staged copy:

@@ -1,5 +1,5 @@
 """The Kafka sink's per-record path: change events into records, records into per-partition
-record batches, and the window of batches waiting for the broker (README "Kafka sink").
+record batches, and the window of batches waiting for the broker (docs/kafka.md).
 
 Compiled with mypyc (``cdcd/_purepy.py``), as the sink's only per-record code: the sink
 (:mod:`cdcd.sinks.kafka.sink`) hands whole lists of events to :meth:`Batches.add_events` and does

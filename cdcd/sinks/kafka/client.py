@@ -1,6 +1,6 @@
 """The Kafka sink's configuration and its aiokafka-facing parts: connection arguments, the
 hand-over of record batches built by the sink, and the one place that translates aiokafka's
-exceptions (README "Kafka sink")."""
+exceptions (docs/kafka.md)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ with zigzag varints (a null key or value has length -1). This is what aiokafka's
 reader); building them here costs one buffer per batch instead of aiokafka's per-record
 objects, and the sink keeps the buffer for a replay instead of every record.
 
-A record is written by ``cdcd._rowjson.kafka_record`` (hand-written C, README "Compiled fast
-paths"), or where that is not in use by :func:`write_record_python`, which writes the same
+A record is written by ``cdcd._rowjson.kafka_record`` (hand-written C, docs/development.md), or where that is not in use by :func:`write_record_python`, which writes the same
 bytes.
 
 Headers are handed over encoded (:func:`encode_headers`): the sink encodes those a

@@ -1,10 +1,10 @@
-"""The Kafka sink: every change event becomes a record on a per-table topic (README "Kafka sink").
+"""The Kafka sink: every change event becomes a record on a per-table topic (docs/kafka.md).
 
 Records::
 
     topic   <prefix>.<schema>.<table>     (or ``routing["schema.table"]``); prefix = pipeline name
     key     event.key_json()              JSON object of the key columns; null without a key
-    value   event.value_json()            the Debezium-compatible event (README "Change events")
+    value   event.value_json()            the Debezium-compatible event (docs/events.md)
     headers cdcd.commit_lsn, cdcd.seq, cdcd.xid, cdcd.op   (ASCII decimal; op as its letter;
                                           cdcd.xid is left out when the event has no xid)
             __debezium.newkey             on the delete of a key change: the new key as JSON
