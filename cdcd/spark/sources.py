@@ -187,7 +187,8 @@ def _infer_event_schema(spark: SparkSession, values: DataFrame) -> StructType:
             F.lit("}"),
         ).alias("document")
     )
-    inferred = spark.read.json(documents).schema
+    # a DataFrame of JSON strings (Spark 4): pyspark's annotations list only paths and RDDs
+    inferred = spark.read.json(documents).schema  # type: ignore[arg-type]
     value_type = inferred["value"].dataType
     assert isinstance(value_type, StructType)
     fields = [f for f in value_type.fields if f.name != "key"]
