@@ -343,7 +343,10 @@ async def _publication_findings(conn: Any, src: Any) -> list[Finding]:
     exists = await slots.publication_exists(conn, src.publication)
     if not exists and not src.create_publication:
         return [Finding("publication", FAIL, f"{src.publication!r} does not exist")]
-    pub = await publications.describe(conn, src.publication, tables)
+    try:
+        pub = await publications.describe(conn, src.publication, tables)
+    except DefiniteSourceError as exc:  # e.g. a table of source.tables that does not exist
+        return [Finding("publication", FAIL, str(exc))]
     handled: dict[str, str] = {}  # table -> what cdcd run does about it
     if not exists:
         listed = bool(tables) or policy in ("insert_only", "exclude")

@@ -41,7 +41,11 @@ async def watch_publication(source: Any, stats: Stats, interval: float = POLL_SE
             if conn is None or conn.is_closed():
                 conn = await open_sql(source.params, src.connect_timeout)
             pub = await publications.describe(conn, src.publication, tables)
-            if pub.exists and pub.managed and src.create_publication:
+            if not pub.exists:  # dropped: the reader stops with what to do
+                stats.breaking_tables = []
+                await asyncio.sleep(interval)
+                continue
+            if pub.managed and src.create_publication:
                 changes = await publications.reconcile(
                     conn, src.publication, tables, src.keyless_tables, src.insert_only_publication()
                 )

@@ -171,6 +171,22 @@ def test_insert_only_while_running(pg_db: PgDatabase, tmp_path: Path) -> None:
 @pytest.mark.parametrize("policy", ["exclude", "replica_identity_full"])
 def test_exclude_and_replica_identity_full(pg_db: PgDatabase, tmp_path: Path, policy: str) -> None:
     pg_db.execute(SCHEMA)
+    if policy == "replica_identity_full":  # only the owner may: a clear exit 3 otherwise
+        pg_db.execute(
+            "CREATE ROLE cdc_not_owner LOGIN REPLICATION PASSWORD 'pw';"
+            f"GRANT CREATE ON DATABASE {pg_db.name} TO cdc_not_owner"
+        )
+        try:
+            dsn = pg_db.dsn_for("cdc_not_owner", "pw")
+            cfg = write_config(tmp_path / "not-owner", dsn, keyless_tables=policy)
+            proc = run_cdcd("slot", "create", "--config", str(cfg), check=False)
+            said = proc.stdout + proc.stderr
+            assert proc.returncode == 3 and "Only the table's owner may" in said, said
+            assert "REPLICA IDENTITY FULL: must be owner of table nk" in said, said
+        finally:
+            pg_db.execute(
+                f"REVOKE CREATE ON DATABASE {pg_db.name} FROM cdc_not_owner;DROP ROLE cdc_not_owner"
+            )
     cfg = config(tmp_path, pg_db, keyless_tables=policy)
     run_cdcd("slot", "create", "--config", str(cfg))
     application_writes(pg_db)
