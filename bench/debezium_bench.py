@@ -21,7 +21,7 @@ acknowledged: the JVM's start, the connector's start-up and, on S1, the snapshot
 left out, in Debezium's favour (cdcd's seconds are its whole process's). ``startup_seconds``
 (JVM start to first record) and ``wall_seconds`` (spawn to exit) are reported apart.
 ``cpu_seconds`` is the whole JVM's (``wait4``, as for every contender), ``cpu_seconds_streaming``
-the part after the first record.
+the part after the first record. The JVM runs with ``JVM_OPTIONS`` (Kafka Connect's heap).
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ DEBEZIUM_CONTENDERS = ("debezium_null", "debezium_kafka")
 DEBEZIUM_VERSION = "3.6.1.Final"
 SOURCE = Path(__file__).resolve().parent / "debezium" / "DebeziumBench.java"
 SENTINEL = "public.bench_sentinel"  # bench/run.py's row past the end LSN: not counted
+#: the heap Kafka Connect's start scripts give a worker (KAFKA_HEAP_OPTS of connect-*.sh); the
+#: JVM's own default here would be a quarter of the RAM, which G1 fills before it collects
+JVM_OPTIONS = ("-Xms256m", "-Xmx2g")
 
 
 def java_home() -> Path:
@@ -154,6 +157,7 @@ def run_debezium(setup: Setup, slot: str, contender: str, publication: str) -> R
         props.write_text(text)
         cmd = [
             str(java_home() / "bin" / "java"),
+            *JVM_OPTIONS,
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
             "-cp",
             f"{compiled()}{os.pathsep}{classpath()}",
