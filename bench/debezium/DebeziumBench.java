@@ -12,7 +12,9 @@
  *   bench.kafka.*           with bench.sink=kafka: KafkaProducer properties (bootstrap.servers,
  *                           acks, enable.idempotence, ...); each record goes to the topic the
  *                           connector names (<topic.prefix>.<schema>.<table>), key and value the
- *                           converter's JSON
+ *                           converter's JSON; a topic is created (one partition, the broker's
+ *                           replication factor) before its first record, as Kafka Connect's
+ *                           topic creation does, for a broker that creates none itself
  *   bench.timeout.seconds   give up (exit 3) when the count is not reached in this time
  *
  * Once bench.rows data records were handled (into Kafka: acknowledged), it prints one JSON line
@@ -38,8 +40,15 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
+import java.util.Optional;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.errors.TopicExistsException;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 public final class DebeziumBench {
@@ -49,6 +58,8 @@ public final class DebeziumBench {
     private final long wanted;
     private final String sentinel; // a topic suffix: its records are not counted
     private final KafkaProducer<byte[], byte[]> producer; // null: the null handler
+    private final Admin admin; // with the producer: creates each topic once
+    private final Set<String> topics = ConcurrentHashMap.newKeySet();
     private final AtomicLong seen = new AtomicLong();
     private final AtomicLong acked = new AtomicLong();
     private final AtomicLong bytes = new AtomicLong();
@@ -58,10 +69,11 @@ public final class DebeziumBench {
     private volatile long lastNanos;
     private volatile long cpuAtFirst;
 
-    private DebeziumBench(long wanted, String sentinel, KafkaProducer<byte[], byte[]> producer) {
+    private DebeziumBench(long wanted, String sentinel, KafkaProducer<byte[], byte[]> producer, Admin admin) {
         this.wanted = wanted;
         this.sentinel = sentinel;
         this.producer = producer;
+        this.admin = admin;
     }
 
     public static void main(String[] args) throws Exception {
@@ -87,13 +99,17 @@ public final class DebeziumBench {
         String sink = required(all, "bench.sink");
         long timeout = Long.parseLong(all.getProperty("bench.timeout.seconds", "3600"));
         KafkaProducer<byte[], byte[]> producer = null;
+        Admin admin = null;
         if (sink.equals("kafka")) {
             producer = new KafkaProducer<>(kafka, new ByteArraySerializer(), new ByteArraySerializer());
+            Properties adminProps = new Properties();
+            adminProps.setProperty("bootstrap.servers", required(kafka, "bootstrap.servers"));
+            admin = Admin.create(adminProps);
         }
         else if (!sink.equals("null")) {
             throw new IllegalArgumentException("bench.sink: null or kafka, not " + sink);
         }
-        DebeziumBench bench = new DebeziumBench(wanted, "." + all.getProperty("bench.sentinel", "public.bench_sentinel"), producer);
+        DebeziumBench bench = new DebeziumBench(wanted, "." + all.getProperty("bench.sentinel", "public.bench_sentinel"), producer, admin);
         System.exit(bench.run(engine, timeout));
     }
 
@@ -131,6 +147,7 @@ public final class DebeziumBench {
         executor.awaitTermination(30, TimeUnit.SECONDS);
         if (producer != null) {
             producer.close();
+            admin.close();
         }
         if (engineError.get() != null) {
             engineError.get().printStackTrace();
@@ -171,6 +188,7 @@ public final class DebeziumBench {
                 byte[] v = value.getBytes(StandardCharsets.UTF_8);
                 bytes.addAndGet((k == null ? 0 : k.length) + v.length);
                 if (producer != null) {
+                    createTopic(record.destination());
                     producer.send(new ProducerRecord<>(record.destination(), k, v), (meta, error) -> {
                         if (error != null) {
                             failure.compareAndSet(null, "send to " + record.destination() + " failed: " + error);
@@ -194,6 +212,21 @@ public final class DebeziumBench {
             committer.markProcessed(record);
         }
         committer.markBatchFinished();
+    }
+
+    private void createTopic(String topic) throws InterruptedException {
+        if (topics.contains(topic)) {
+            return;
+        }
+        try {
+            admin.createTopics(List.of(new NewTopic(topic, Optional.of(1), Optional.empty()))).all().get();
+        }
+        catch (ExecutionException error) {
+            if (!(error.getCause() instanceof TopicExistsException)) {
+                throw new IllegalStateException("creating topic " + topic + " failed", error.getCause());
+            }
+        }
+        topics.add(topic);
     }
 
     private String figures() {
