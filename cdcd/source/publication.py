@@ -106,6 +106,8 @@ class Leaf:
             if self.identity == "full":
                 return "replica identity full (no key: consumers match by the whole row)"
             return f"replica identity {self.identity}"
+        if self.identity == "default" and self.primary_key:
+            return "replica identity default, but the primary key is deferrable or not valid"
         if self.identity == "default":
             return "replica identity default without a primary key"
         return f"replica identity {self.identity}" + (
