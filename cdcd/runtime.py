@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.abc
 import os
 import signal
 import sys
@@ -36,6 +37,38 @@ def tune_gc() -> None:
     the benchmark's W1); collecting young objects every 50,000 allocations keeps the cost small
     while cyclic garbage (rare here) is still collected."""
     gc.set_threshold(50_000, 20, 100)
+
+
+#: what ``cdcd run`` does not load (:func:`keep_unused_modules_out`); ``CDCD_ALLOW_NUMPY=1``
+#: lets them load, for a third-party sink that needs them
+_UNUSED_MODULES = ("numpy", "pandas")
+ALLOW_NUMPY_ENV = "CDCD_ALLOW_NUMPY"
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """Refuses to import :data:`_UNUSED_MODULES` (see :func:`keep_unused_modules_out`)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.partition(".")[0] in _UNUSED_MODULES:
+            raise ModuleNotFoundError(
+                f"{name} is not loaded in cdcd run (set {ALLOW_NUMPY_ENV}=1 to allow it)",
+                name=name,
+            )
+        return None
+
+
+def keep_unused_modules_out() -> None:
+    """Keep numpy and pandas out of the daemon. pyarrow (the Parquet sink) imports numpy when
+    it is installed, and pandas the first time it converts a Python sequence (``pa.array``: is
+    it a pandas object?): about 17 and 31 MB of RSS that cdcd never uses, enough to take a
+    Parquet sink past ``buffer.memory_limit`` + 150 MB (README "Memory"). Refused, pyarrow
+    carries on without them, as where they are not installed (the container image)."""
+    if os.environ.get(ALLOW_NUMPY_ENV) == "1":
+        return
+    if any(name in sys.modules for name in _UNUSED_MODULES):
+        return  # already loaded (cdcd run inside a larger program): too late to save anything
+    if not any(isinstance(finder, _Refuse) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Refuse())
 
 
 def on_stop_signals(handler: Callable[[], None]) -> Callable[[], None]:
@@ -112,4 +145,5 @@ async def _run_pipeline(config: Any, endpos: int | None) -> int:
 def run(config: Any, endpos: int | None) -> int:
     """``cdcd run``: the daemon. Returns the exit code."""
     tune_gc()
+    keep_unused_modules_out()
     return int(run_async(_run_pipeline(config, endpos)))

@@ -1,8 +1,11 @@
-"""cdcd.runtime's signal handling: the first SIGTERM/SIGINT asks for a stop, a second one ends
-the process at once, even while the event loop is busy (a Python process of its own)."""
+"""cdcd.runtime, each in a Python process of its own: the first SIGTERM/SIGINT asks for a
+stop, a second one ends the process at once, even while the event loop is busy; numpy and
+pandas stay out of ``cdcd run``."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -48,3 +51,33 @@ def test_a_second_signal_ends_a_busy_process() -> None:
         finally:
             proc.kill()
             proc.wait()
+
+
+def test_cdcd_run_keeps_numpy_and_pandas_out() -> None:
+    """pyarrow would load numpy at import and pandas at its first conversion (~50 MB of RSS,
+    README "Memory"); ``CDCD_ALLOW_NUMPY=1`` lets them load."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from cdcd.runtime import keep_unused_modules_out
+        keep_unused_modules_out()
+        import pyarrow as pa
+        pa.array([1, 2, None])
+        print(sorted({m.split(".")[0] for m in sys.modules} & {"numpy", "pandas"}))
+        """
+    )
+
+    def loaded(**env: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+            env={**os.environ, **env},
+        )
+        return out.stdout.strip()
+
+    assert loaded(CDCD_ALLOW_NUMPY="0") == "[]"
+    if importlib.util.find_spec("numpy") and importlib.util.find_spec("pandas"):
+        assert loaded(CDCD_ALLOW_NUMPY="1") == "['numpy', 'pandas']"
