@@ -22,6 +22,7 @@ import structlog
 from cdcd.errors import CdcdError
 from cdcd.source import open_sql
 from cdcd.source import publication as publications
+from cdcd.source.slot import in_recovery
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.publication_watch")
@@ -45,7 +46,7 @@ async def watch_publication(source: Any, stats: Stats, interval: float = POLL_SE
                 stats.breaking_tables = []
                 await asyncio.sleep(interval)
                 continue
-            if pub.managed and src.create_publication:
+            if pub.managed and src.create_publication and not await in_recovery(conn):
                 changes = await publications.reconcile(
                     conn, src.publication, tables, src.keyless_tables, src.insert_only_publication()
                 )

@@ -445,12 +445,14 @@ async def ensure(conn: Any, src: Any) -> Publication:
     """Set up the publication of ``src`` (the config's ``source`` section) before streaming.
 
     Missing: created as :func:`plan` says, or :class:`BreakingTablesError` (exit 3) under
-    ``refuse`` when a table would break. Managed by cdcd: :func:`reconcile`. The DBA's: left
-    alone. Returns the publication as it now is; the caller warns about what still breaks."""
+    ``refuse`` when a table would break. Managed by cdcd: :func:`reconcile`. The DBA's, or
+    on a standby: left alone. Returns the publication as it now is; the caller warns about what still breaks."""
     tables = list(src.tables) or None
     policy = src.keyless_tables
     twin = src.insert_only_publication()
     current = await describe(conn, src.publication, tables)
+    if current.exists and await _read_only(conn):
+        return current  # a standby (logical decoding on a standby): the primary's to change
     if not current.exists:
         listed = bool(tables) or policy in ("insert_only", "exclude")
         planned = plan(current, policy, listed)
@@ -488,6 +490,12 @@ async def ensure(conn: Any, src: Any) -> Publication:
     elif policy == "insert_only" and not await _exists(conn, twin):
         await run_sql(f"CREATE PUBLICATION {twin!r}", lambda: _create_insert_only(conn, twin, []))
     return await describe(conn, src.publication, tables)
+
+
+async def _read_only(conn: Any) -> bool:
+    return bool(
+        await run_sql("pg_is_in_recovery()", lambda: conn.fetchval("SELECT pg_is_in_recovery()"))
+    )
 
 
 async def _exists(conn: Any, name: str) -> bool:
