@@ -58,6 +58,7 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
     findings = _directory_findings(config)
     # a directory cdcd cannot write is a config/environment problem, as in `run` (exit 2)
     dirs_failed = any(f.status == FAIL for f in findings)
+    findings += _sink_findings(config)
     source = Source(config)
     try:
         await source.connect_catalog()
@@ -193,6 +194,29 @@ def _directory_findings(config: Config) -> list[Finding]:
             creates = "" if written.path.exists() else " (will be created)"
             findings.append(Finding(written.key, OK, f"{written.path} writable{creates}"))
     return findings
+
+
+def _sink_findings(config: Config) -> list[Finding]:
+    """What each sink checks before the stream starts (``Sink.preflight``: an object store's
+    bucket); a definite problem there fails the check (exit 3)."""
+    findings = []
+    for index, spec in enumerate(config.sinks):
+        key = f"sinks[{index}]"
+        try:
+            checked = spec.sink_class.preflight(spec.config, key)
+        except CdcdError as exc:
+            findings.append(Finding(key, FAIL, str(exc)))
+            continue
+        if checked is not None:
+            findings.append(Finding(key, OK, checked))
+    return findings
+
+
+def preflight_sinks(config: Config) -> None:
+    """``cdcd run``, before it connects: each sink's checks (``Sink.preflight``); the first
+    problem raises, naming the sink's key."""
+    for index, spec in enumerate(config.sinks):
+        spec.sink_class.preflight(spec.config, f"sinks[{index}]")
 
 
 async def current_wal_end(config: Config) -> int:
@@ -535,11 +559,14 @@ __all__ = ["SlotExists", "check_async", "slot_async"]
 
 def run(config: Config, endpos: int | None) -> int:
     """``cdcd run``: the daemon (:mod:`cdcd.runtime`). Every directory it will write is checked
-    first: exit 2 naming the key, rather than an I/O error later."""
+    first (exit 2 naming the key, rather than an I/O error later), then what each sink checks
+    before the stream (an object store's bucket: exit 3): nothing is created on the source
+    before."""
     from cdcd import runtime
     from cdcd.directories import ensure_writable
 
     ensure_writable(config)
+    preflight_sinks(config)
     return runtime.run(config, endpos)
 
 

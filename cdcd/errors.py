@@ -17,6 +17,8 @@
     │   └── TransientSourceError   connection lost, server restarting: reconnect with backoff
     └── SinkError                  a sink could not make data durable
         ├── DefiniteSinkError      oversized record, authorization, bad path: stop
+        │   └── SinkSetupError     where it writes is missing or refuses cdcd (no such
+        │                          bucket, access denied): exit 3, as for the source
         └── TransientSinkError     broker unavailable, disk briefly full: retry
 
 Third-party exceptions (asyncpg, aiokafka, OSError) are translated into these in exactly one
@@ -103,6 +105,15 @@ class SinkError(CdcdError):
 
 class DefiniteSinkError(SinkError):
     """A sink failure that retrying will not fix."""
+
+
+class SinkSetupError(DefiniteSinkError):
+    """Where a sink writes is missing or refuses cdcd (a bucket that does not exist, access
+    denied, unknown credentials): an operator must act, as for a definite source problem
+    (exit 3). Found before anything is created on the source when it can be
+    (:meth:`cdcd.sinks.base.Sink.preflight`)."""
+
+    exit_code = EXIT_SOURCE
 
 
 class TransientSinkError(SinkError):

@@ -146,6 +146,15 @@ class Sink(abc.ABC):
         ``cdcd check`` and ``cdcd run`` make sure they are writable first. None by default."""
         return {}
 
+    @classmethod
+    def preflight(cls, config: Any, key: str) -> str | None:
+        """Check, before cdcd creates anything on the source (``cdcd run``, ``cdcd check``),
+        what a sink with this ``config`` needs and can check without the stream, such as an
+        object store's bucket. Raise a :class:`~cdcd.errors.CdcdError` whose message starts
+        with ``key`` (the sink's config key, ``sinks[0]``) or a key under it; return what was
+        checked, for ``cdcd check``'s report, or None when there is nothing to check."""
+        return None
+
     def durable_lsn(self) -> int:
         """End LSN of the newest transaction this sink holds durably (never decreases)."""
         return self._durable.value

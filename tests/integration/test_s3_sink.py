@@ -7,7 +7,9 @@ by ``CDCD_TEST_S3_URL``; the tests that inject HTTP errors need moto).
 * a second run recovers from the listing and publishes nothing twice;
 * 503 SlowDown and 500 answers are retried with backoff, and while uploads fail nothing is
   confirmed to PostgreSQL; once S3 answers again everything arrives, once;
-* a missing bucket and access denied stop cdcd with a message naming bucket and key.
+* a missing bucket and access denied stop cdcd with a message naming bucket and key; a missing
+  bucket before any slot or publication is created (exit 3), and ``cdcd check`` tests the
+  bucket and the staging folder.
 
 The crash loop (SIGKILL during uploads) is in test_s3_crash.py.
 """
@@ -263,15 +265,52 @@ def test_a_failed_part_leaves_no_object(s3: S3Store, tmp_path: Path) -> None:
     assert s3.keys(prefix) == {"t/big.jsonl": 25 << 20}
 
 
-def test_missing_bucket_is_named(pg_db: PgDatabase, tmp_path: Path, s3: S3Store) -> None:
+def test_missing_bucket_stops_cdcd_before_the_slot_is_created(
+    pg_db: PgDatabase, tmp_path: Path, s3: S3Store
+) -> None:
     bucket = f"cdcd-missing-{os.getpid()}"
-    cfg = setup_source(pg_db, tmp_path, [s3_sink(f"{bucket}/out", s3)])
-    workload(pg_db, 1, 2)
-    endpos = pg_db.fetchval("SELECT pg_current_wal_insert_lsn()::text")
-    proc = run_cdcd("run", "--config", str(cfg), "--endpos", endpos, check=False, timeout=120)
-    assert proc.returncode != 0
-    output = proc.stdout + proc.stderr
-    assert f"bucket '{bucket}' of s3://{bucket}/out does not exist" in output, output[-3000:]
+    sink = s3_sink(f"{bucket}/out", s3, storage={"staging_dir": str(tmp_path / "staging")})
+    cfg = write_config(tmp_path, pg_db.dsn, sinks=[sink])  # creates slot and publication
+    for command in ("check", "run"):
+        proc = run_cdcd(command, "--config", str(cfg), check=False, timeout=120)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 3, output[-3000:]
+        assert (
+            f"sinks[0].path: file sink: bucket '{bucket}' of s3://{bucket}/out does not exist"
+            in (" ".join(output.split()))
+        ), output[-3000:]
+    slots = "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()"
+    assert pg_db.fetchval(slots) == 0
+    assert pg_db.fetchval("SELECT count(*) FROM pg_publication") == 0
+
+
+def test_check_looks_at_the_staging_folder(tmp_path: Path, s3: S3Store) -> None:
+    """For object storage the local folder cdcd writes is the staging folder: ``cdcd check``
+    and ``cdcd run`` test that one (not the URL taken as a local path) and the bucket."""
+    nowhere = "postgresql://cdc@127.0.0.1:1/shop"  # the checks come before any connection
+    prefix = s3.new_prefix()
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    sink = s3_sink(prefix, s3, storage={"staging_dir": str(not_a_folder / "staging")})
+    cfg = write_config(tmp_path, nowhere, sinks=[sink])
+    run = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert "sinks[0].storage.staging_dir" in run.stderr and "not a directory" in run.stderr
+    check = run_cdcd("check", "--config", str(cfg), check=False, timeout=60)
+    rows = rows_of(check.stdout)
+    assert check.returncode == 2, check.stdout
+    assert ["sinks[0].storage.staging_dir", "FAIL"] in [r[:2] for r in rows], check.stdout
+    assert ["sinks[0]", "ok", f"s3://{prefix}:", "the", "bucket", "exists"] in rows, check.stdout
+    assert "s3:/" not in "".join(r[0] for r in rows), check.stdout
+
+    sink["storage"]["staging_dir"] = str(tmp_path / "staging")
+    cfg = write_config(tmp_path, nowhere, sinks=[sink])
+    check = run_cdcd("check", "--config", str(cfg), check=False, timeout=60)
+    assert ["sinks[0].storage.staging_dir", "ok"] in [r[:2] for r in rows_of(check.stdout)]
+
+
+def rows_of(report: str) -> list[list[str]]:
+    return [line.split() for line in report.splitlines()]
 
 
 def test_access_denied_is_named(pg_db: PgDatabase, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ The uploads themselves are tested against a real S3 server in tests/integration/
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from cdcd.config import parse_config
-from cdcd.errors import DefiniteSinkError, TransientSinkError
-from cdcd.sinks.file.sink import FileSinkConfig
+from cdcd.errors import ConfigError, DefiniteSinkError, TransientSinkError
+from cdcd.sinks.file.sink import FileSink, FileSinkConfig
 from cdcd.sinks.file.storage import ObjectStore, StorageConfig, open_filesystem
 
 
@@ -22,7 +23,6 @@ def sink(**options: Any) -> FileSinkConfig:
 
 def test_urls_stay_urls_and_paths_become_absolute() -> None:
     assert sink(path="s3://lake/cdc/shop/").path == "s3://lake/cdc/shop"
-    assert sink(path="gs://lake/x").path == "gs://lake/x"
     assert sink(path="out").path == Path("/etc/cdcd/out")
     config = parse_config(
         {
@@ -40,11 +40,40 @@ def test_urls_stay_urls_and_paths_become_absolute() -> None:
         ("s3:///prefix", "no bucket"),
         ("s3://lake/p?versionId=1", r"no \?query"),
         (42, "expected a path or a URL"),
+        # what pyarrow could open but cdcd cannot publish atomically, or a typo
+        ("gs://lake/x", r"gs:// is not supported; the file sink writes to a local folder or s3://"),
+        ("s4://lake/x", r"s4:// is not supported"),
+        ("hdfs://namenode/x", r"hdfs:// is not supported"),
+        ("file:///data/out", r"file:// is not supported.*without file://"),
     ],
 )
 def test_bad_paths_are_named(path: object, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         sink(path=path)
+
+
+def test_an_unsupported_scheme_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"sinks\[1\]\.path: 'gs://lake/x': the URL scheme"):
+        parse_config(
+            {
+                "source": {"dsn": "postgresql://cdc@db/shop"},
+                "sinks": [{"type": "file", "path": "out"}, {"type": "file", "path": "gs://lake/x"}],
+            },
+            Path("/etc/cdcd"),
+        )
+    with pytest.raises(ValidationError, match="a local folder, not a URL"):
+        sink(path="s3://lake/x", storage={"staging_dir": "s3://lake/staging"})
+
+
+def test_the_folder_checked_for_object_storage_is_the_staging_folder() -> None:
+    """``cdcd check`` and ``cdcd run`` check the folders a sink writes (cdcd.directories):
+    for object storage that is the local staging folder, not the URL taken as a path."""
+    staged = sink(path="s3://lake/x", storage={"staging_dir": "stage"})
+    assert FileSink.directories(staged) == {"storage.staging_dir": Path("/etc/cdcd/stage")}
+    (default,) = FileSink.directories(sink(path="s3://lake/x")).values()
+    assert default.parent == Path(tempfile.gettempdir())
+    assert default.name.startswith("cdcd-staging-")
+    assert FileSink.directories(sink(path="out")) == {"path": Path("/etc/cdcd/out")}
 
 
 def test_storage_keys_are_checked() -> None:

@@ -6,7 +6,9 @@ the sink (:mod:`~cdcd.sinks.file.sink` imports them all).
 
 from __future__ import annotations
 
+import hashlib
 import re
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -22,22 +24,50 @@ def is_url(path: object) -> bool:
     return isinstance(path, str) and _URL.match(path) is not None
 
 
+#: URL schemes ``sinks[].path`` accepts: S3 and S3-compatible stores (MinIO, R2, ...: set
+#: ``storage.endpoint_url``). Other stores would need their own atomic publication (a file
+#: must become visible complete or not at all, docs/files.md), and none is tested.
+SCHEMES = ("s3",)
+_SUPPORTED = "a local folder or s3://bucket/prefix (S3 and S3-compatible stores)"
+
+
 def _sink_path(value: Any, info: ValidationInfo) -> Path | str:
     """A local path (made absolute like ``ConfigPath``) or an object store URL, kept as text."""
     if is_url(value):
         parts = urlsplit(value)
-        if parts.scheme == "s3" and not parts.netloc:
+        if parts.scheme not in SCHEMES:
+            hint = "; for a local folder write its path without file://" * (parts.scheme == "file")
+            raise ValueError(
+                f"{value!r}: the URL scheme {parts.scheme}:// is not supported; the file sink "
+                f"writes to {_SUPPORTED}{hint}"
+            )
+        if not parts.netloc:
             raise ValueError(f"{value!r}: no bucket (use s3://bucket/prefix)")
         if parts.query or parts.fragment:
             raise ValueError(f"{value!r}: no ?query or #fragment (options go in storage:)")
         return str(value).rstrip("/")
+    return _local_path(value, info)
+
+
+def _local_path(value: Any, info: ValidationInfo) -> Path:
+    if is_url(value):
+        raise ValueError(f"{value!r}: a local folder, not a URL")
     if not isinstance(value, str | Path):
         raise ValueError(f"expected a path or a URL, not {type(value).__name__}")
     return resolve_path(Path(value), info)
 
 
-#: ``sinks[].path``: a folder, or ``s3://bucket/prefix`` (any pyarrow filesystem URL)
+#: ``sinks[].path``: a folder, or ``s3://bucket/prefix``
 SinkPath = Annotated[Path | str, PlainValidator(_sink_path)]
+
+
+def staging_folder(url: str, storage: StorageConfig) -> Path:
+    """Where the file sink stages files for the object store ``url``: ``storage.staging_dir``,
+    else a folder of its own (by the URL) under the temporary folder."""
+    if storage.staging_dir is not None:
+        return storage.staging_dir
+    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"cdcd-staging-{digest}"
 
 
 class StorageConfig(BaseModel):
@@ -52,7 +82,7 @@ class StorageConfig(BaseModel):
     #: e.g. http://127.0.0.1:9000 for MinIO; default: AWS (or AWS_ENDPOINT_URL)
     endpoint_url: str | None = None
     #: local folder for files being written before upload; default: under the temp folder
-    staging_dir: Annotated[Path | str, PlainValidator(_sink_path)] | None = None
+    staging_dir: Annotated[Path, PlainValidator(_local_path)] | None = None
     connect_timeout: Duration = Field(default=10.0, gt=0)
     request_timeout: Duration = Field(default=60.0, gt=0)
     #: how long one operation is retried (throttling, 5xx, timeouts) before failing

@@ -81,12 +81,12 @@ import orjson
 
 from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Relation
-from cdcd.errors import DefiniteSinkError, SinkError
+from cdcd.errors import DefiniteSinkError, SinkError, SinkSetupError, TransientSinkError
 from cdcd.events import ChangeEvent
 from cdcd.events.snapshot_run import SnapshotRun
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext, run_events
-from cdcd.sinks.file.config import FileSinkConfig
+from cdcd.sinks.file.config import FileSinkConfig, staging_folder
 from cdcd.sinks.file.formats import writer_class
 from cdcd.sinks.file.layout import (
     MESSAGES_FOLDER,
@@ -105,7 +105,7 @@ from cdcd.sinks.file.layout import (
     table_folder_name,
     temp_path,
 )
-from cdcd.sinks.file.storage import ObjectStorePublisher
+from cdcd.sinks.file.storage import ObjectStore, ObjectStorePublisher, open_filesystem
 
 #: transactions that get BEGIN/END markers (not lone messages, not the snapshot pseudo-transaction)
 _MARKED_KINDS = frozenset({"regular", "streamed", "prepared"})
@@ -260,7 +260,25 @@ class FileSink(Sink):
 
     @classmethod
     def directories(cls, config: FileSinkConfig) -> dict[str, Path]:
+        if isinstance(config.path, str):  # an object store: files are staged locally
+            return {"storage.staging_dir": staging_folder(config.path, config.storage)}
         return {"path": Path(config.path)}
+
+    @classmethod
+    def preflight(cls, config: FileSinkConfig, key: str) -> str | None:
+        """An object store's bucket exists and lets cdcd in (one attempt: a store that cannot
+        be reached now is only warned about, the sink retries it when it starts)."""
+        if not isinstance(config.path, str):
+            return None
+        once = config.storage.model_copy(update={"retry_timeout": 0.0})
+        try:
+            store = ObjectStore(config.path, once, *open_filesystem(config.path, once))
+            store.check_bucket()
+        except TransientSinkError as exc:  # the sink retries it when it starts
+            return f"{config.path}: not reachable now ({exc})"
+        except SinkSetupError as exc:
+            raise SinkSetupError(f"{key}.path: {exc}") from exc
+        return f"{config.path}: the bucket exists"
 
     def __init__(
         self,

@@ -23,18 +23,16 @@ disk; publishing it uploads the completed file to its final key and deletes the 
 Credentials and endpoint come from ``sinks[].storage`` or else the standard environment
 variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
 ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``), then
-the AWS SDK's default chain (profile, instance or pod role). Other URL schemes that
-``pyarrow.fs.FileSystem.from_uri`` knows (``gs://``, ``abfs://``, ``hdfs://``) are passed to
-it as they are, with the same staging and publication, but are not tested.
+the AWS SDK's default chain (profile, instance or pod role). Other URL schemes are refused
+when the config is read (:data:`~cdcd.sinks.file.config.SCHEMES`): their publication would
+need its own proof of atomicity.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,8 +41,8 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
-from cdcd.errors import DefiniteSinkError, TransientSinkError
-from cdcd.sinks.file.config import StorageConfig
+from cdcd.errors import DefiniteSinkError, SinkSetupError, TransientSinkError
+from cdcd.sinks.file.config import StorageConfig, staging_folder
 
 if TYPE_CHECKING:
     from pyarrow.fs import FileSystem
@@ -66,6 +64,8 @@ _EXPLAINED = {
     "SIGNATURE_DOES_NOT_MATCH": "the secret access key is wrong",
     "NO_SUCH_KEY": "no such key",
 }
+#: the errors above an operator fixes in the store's setup (exit 3, cdcd.errors.SinkSetupError)
+_SETUP = frozenset(_EXPLAINED) - {"NO_SUCH_KEY"}
 
 
 def _secret(value: SecretStr | None, env: Mapping[str, str], *names: str) -> str | None:
@@ -82,9 +82,6 @@ def open_filesystem(
 
     env = os.environ if env is None else env
     parts = urlsplit(url)
-    if parts.scheme != "s3":
-        filesystem, path = pafs.FileSystem.from_uri(url)
-        return filesystem, path.rstrip("/")
     endpoint = config.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     options: dict[str, Any] = {
         "access_key": _secret(config.access_key_id, env, "AWS_ACCESS_KEY_ID"),
@@ -141,7 +138,10 @@ class ObjectStore:
                 if _TRANSIENT.search(message) is None:
                     code = re.search(r"AWS Error (\w+)", message)
                     reason = _EXPLAINED.get(code.group(1), "") if code else ""
-                    raise DefiniteSinkError(
+                    error = (
+                        SinkSetupError if code and code.group(1) in _SETUP else DefiniteSinkError
+                    )
+                    raise error(
                         f"file sink: cannot {action} {self.where(key)}: "
                         f"{reason + ': ' if reason else ''}{message}"
                     ) from exc
@@ -162,7 +162,7 @@ class ObjectStore:
             "look up the bucket of", bucket + "/", lambda: self.fs.get_file_info(bucket)
         )
         if info.type == FileType.NotFound:
-            raise DefiniteSinkError(
+            raise SinkSetupError(
                 f"file sink: bucket {bucket!r} of {self.url} does not exist (create it first)"
             )
 
@@ -233,13 +233,7 @@ class ObjectStorePublisher:
             filesystem, root = open_filesystem(url, config)
             store = ObjectStore(url, config, filesystem, root)
         self.store = store
-        digest = hashlib.sha256(url.encode()).hexdigest()[:12]
-        staging = config.staging_dir
-        self.staging = (
-            Path(staging)
-            if staging is not None
-            else Path(tempfile.gettempdir()) / f"cdcd-staging-{digest}"
-        )
+        self.staging = staging_folder(url, config)
         self._queued: set[Path] = set()  # small files written, uploaded by the next job
 
     def name(self, local: Path) -> str:
