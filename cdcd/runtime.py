@@ -118,8 +118,7 @@ def exit_after(seconds: float, code: int) -> None:
         sys.stderr.write(
             f"cdcd: still running {seconds:.0f} s after the stop request; exiting now\n"
         )
-        sys.stderr.flush()
-        os._exit(code)
+        _exit_now(code)
 
     timer = threading.Timer(seconds, end)
     timer.daemon = True
@@ -137,9 +136,19 @@ async def _run_pipeline(config: Any, endpos: int | None) -> int:
 
     remove = on_stop_signals(stop)
     try:
-        return await pipeline.run()
+        code = await pipeline.run()
     finally:
         remove()
+    if pipeline.abandoned:  # what is durable is confirmed; a sink's thread may still be busy
+        _exit_now(code)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    """End the process without waiting for threads (the interpreter would join them)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run(config: Any, endpos: int | None) -> int:

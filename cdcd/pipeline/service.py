@@ -76,6 +76,9 @@ class Pipeline:
         self.incremental: IncrementalSnapshot | None = None
         self.recreator: SlotRecreator | None = None
         self.supervisor: Supervisor | None = None
+        #: a stop gave up waiting for a phase or the drain (shutdown.grace_period): a thread may
+        #: still be busy in it (a write, an upload), which must not hold up the exit
+        self.abandoned = False
         self._stop = asyncio.Event()
         self._latency = LatencyLog.from_env()  # bench/run.py only (cdcd.benchlog)
 
@@ -105,6 +108,7 @@ class Pipeline:
         log.info("stopping before streaming started", phase=phase)
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=self.config.shutdown.grace_period)
+        self.abandoned = not done
         if done and not task.cancelled() and task.exception() is not None:
             log.info("the interrupted phase ended with an error", error=str(task.exception()))
         raise _Stopped(phase)
@@ -294,6 +298,7 @@ class Pipeline:
         try:
             await asyncio.wait_for(drain(), timeout=grace)
         except TimeoutError:
+            self.abandoned = True
             log.warning(
                 "shutdown grace period expired before the sinks drained; confirming what is "
                 "durable, the rest is sent again at the next start",

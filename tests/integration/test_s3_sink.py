@@ -104,6 +104,18 @@ def run_to_now(db: PgDatabase, cfg: Path) -> None:
     run_cdcd("run", "--config", str(cfg), "--endpos", endpos, timeout=180)
 
 
+def start_streaming(cfg: Path, log: Path) -> Any:
+    """``cdcd run`` in the background, once it streams."""
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+    deadline = time.monotonic() + 60
+    while '"event":"streaming"' not in log.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(log.read_text()[-4000:])
+        time.sleep(0.2)
+    return proc
+
+
 def confirmed(db: PgDatabase) -> int:
     return parse_lsn(
         db.fetchval(
@@ -212,12 +224,8 @@ def test_nothing_is_confirmed_while_uploads_fail(
         data["source"]["status_interval"] = "1s"
         cfg.write_text(yaml.safe_dump(data))
         log = tmp_path / "cdcd.log"
-        proc = start_cdcd("run", "--config", str(cfg), log_path=log)
+        proc = start_streaming(cfg, log)
         try:
-            deadline = time.monotonic() + 60
-            while '"event":"streaming"' not in log.read_text():
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
             before = confirmed(pg_db)
             proxy.fail(-1, 503, "SlowDown")
             workload(pg_db, 1, 10)
@@ -335,3 +343,46 @@ def test_access_denied_is_named(pg_db: PgDatabase, tmp_path: Path) -> None:
     output = proc.stdout + proc.stderr
     assert f"s3://{bucket}/" in output and f"bucket {bucket!r}" in output, output[-3000:]
     assert "access denied (check the credentials and the bucket policy)" in output, output[-3000:]
+
+
+def test_sigterm_while_uploads_fail_ends_within_the_grace_period(
+    pg_db: PgDatabase, tmp_path: Path, s3: S3Store
+) -> None:
+    """The drain cannot finish (every upload is refused and retried): after
+    ``shutdown.grace_period`` cdcd confirms what is durable, nothing more, and exits 0; the
+    next run sends the rest."""
+    if s3.external or s3.endpoint is None:
+        pytest.skip("injecting HTTP errors needs the S3 server started by the tests")
+    prefix = s3.new_prefix()
+    grace = 3
+    with FailingProxy(s3.endpoint) as proxy:
+        sink = s3_sink(prefix, s3, proxy.endpoint, storage={"retry_max_backoff": "1s"})
+        cfg = setup_source(pg_db, tmp_path, [sink])
+        data = yaml.safe_load(cfg.read_text())
+        data["shutdown"] = {"grace_period": grace}
+        cfg.write_text(yaml.safe_dump(data))
+        log = tmp_path / "cdcd.log"
+        proc = start_streaming(cfg, log)
+        try:
+            proxy.fail(-1, 503, "SlowDown")
+            workload(pg_db, 1, 10)
+            written = parse_lsn(pg_db.fetchval("SELECT pg_current_wal_insert_lsn()::text"))
+            deadline = time.monotonic() + 60
+            while proxy.failed < 2:  # the sink is retrying an upload
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+            proc.terminate()
+            # well before the watchdog (grace + 10 s), which would exit 1
+            assert proc.wait(grace + 8) == 0, log.read_text()[-4000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert "shutdown grace period expired" in log.read_text()
+        assert confirmed(pg_db) < written, "confirmed what was not uploaded"
+    data["sinks"][0]["storage"]["endpoint_url"] = s3.endpoint
+    cfg.write_text(yaml.safe_dump(data))
+    run_to_now(pg_db, cfg)
+    events = read_events(s3.download(prefix, tmp_path / "mirror"), "public.orders")
+    assert len(events) == 10 * 2 + 1
+    assert_no_duplicates(events)
