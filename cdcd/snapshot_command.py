@@ -1,7 +1,8 @@
 """``cdcd snapshot --table schema.table ...`` and ``cdcd snapshot status``.
 
 The request is a signal in the replication stream (docs/snapshots.md): a
-transactional logical message with the prefix ``cdcd-signal`` naming the tables. The running
+transactional logical message with the prefix ``cdcd-signal`` naming the slot and the tables,
+signed with the signal key (:mod:`cdcd.snapshot.signals`). The running
 daemon sees it in commit order with the changes, records the request in ``snapshot.state_dir``
 at once, and snapshots the tables incrementally; a daemon that is not running sees it when it
 next starts (the slot keeps it until confirmed). ``status`` reads what the daemon recorded.
@@ -9,16 +10,16 @@ next starts (the slot keeps it until confirmed). ``status`` reads what the daemo
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TextIO
 
 from cdcd import snapshot_follow
 from cdcd.config import Config
-from cdcd.errors import EXIT_OK, EXIT_USAGE, DefiniteSourceError
+from cdcd.errors import EXIT_OK, EXIT_USAGE, ConfigError, DefiniteSourceError
 from cdcd.lsn import parse_lsn
 from cdcd.progress_rate import duration
 from cdcd.snapshot.incremental import NO_KEY, IncrementalState
+from cdcd.snapshot.signals import KEY_ENV, sign, signal_key
 from cdcd.snapshot.watermarks import SIGNAL
 from cdcd.source import conn_params, open_sql
 from cdcd.source.queries import emit_message
@@ -58,9 +59,21 @@ async def request_async(config: Config, tables: list[str], out: TextIO = sys.std
             problem = await key_problem(conn, table, [(str(k[0]), str(k[1])) for k in key])
             if problem is not None:
                 raise DefiniteSourceError(f"--table {name}: {problem}")
-        lsn = await emit_message(
-            conn, SIGNAL, json.dumps({"tables": names}), "cdcd snapshot --table"
-        )
+        snap = config.snapshot
+        try:
+            secret, made = signal_key(snap.signal_secret(), snap.state_dir, config.source.slot)
+        except OSError as exc:
+            raise ConfigError(
+                f"snapshot.signal_key: not set, nor {KEY_ENV}, and the key file in "
+                f"snapshot.state_dir {snap.state_dir} cannot be read or made: {exc}"
+            ) from exc
+        if made is not None:
+            out.write(
+                f"made a signal key in {made}: the daemon must sign with the same key (it reads "
+                f"this file, or snapshot.signal_key / {KEY_ENV})\n"
+            )
+        content = sign(secret, config.source.slot, names)
+        lsn = await emit_message(conn, SIGNAL, content, "cdcd snapshot --table")
     finally:
         await conn.close()
     out.write(f"requested a snapshot of {', '.join(names)} (signal at {lsn})\n")

@@ -263,6 +263,12 @@ class SnapshotConfig(_Model):
     chunks_in_flight: int = Field(default=4, ge=1)
     #: tables added to the publication while cdcd runs are snapshotted incrementally
     new_tables: bool = True
+    #: the key signals (``cdcd snapshot --table``) are signed with; else ``CDCD_SIGNAL_KEY``,
+    #: else a key file in state_dir (docs/snapshots.md "Who may ask for a snapshot")
+    signal_key: SecretStr | None = None
+
+    def signal_secret(self) -> str | None:
+        return None if self.signal_key is None else self.signal_key.get_secret_value()
 
 
 class BufferConfig(_Model):

@@ -40,6 +40,7 @@ from cdcd.config import Config
 from cdcd.decoder.events import TupleData
 from cdcd.errors import ConfigError, TransientSourceError
 from cdcd.lsn import format_lsn
+from cdcd.snapshot.signals import KEY_ENV, REMEMBERED, signal_key, verify
 from cdcd.snapshot.watermarks import (
     WATERMARK,
     Chunk,
@@ -116,12 +117,14 @@ class IncrementalState:
         self.tables: dict[str, dict[str, Any]] = {}
         self.last_signal = 0  # end LSN of the last signal taken (they are sent again)
         self.known: list[str] | None = None  # the published tables at the last look
+        self.signals: list[str] = []  # ids of the last signals taken (cdcd.snapshot.signals)
         self.exists = self.path.exists()
         if self.exists:
             data = json.loads(self.path.read_text())
             self.tables = data["tables"]
             self.last_signal = int(data.get("last_signal", 0))
             self.known = data.get("known")
+            self.signals = list(data.get("signals") or [])
 
     def save(self) -> None:
         try:
@@ -138,7 +141,12 @@ class IncrementalState:
         with tmp.open("w") as fh:
             fh.write(
                 json.dumps(
-                    {"tables": self.tables, "last_signal": self.last_signal, "known": self.known},
+                    {
+                        "tables": self.tables,
+                        "last_signal": self.last_signal,
+                        "known": self.known,
+                        "signals": self.signals,
+                    },
                     indent=1,
                 )
             )
@@ -231,7 +239,7 @@ class IncrementalSnapshot:
         self.tracker = tracker
         self.stats = stats
         self.state = IncrementalState(config.snapshot.state_dir, config.source.slot)
-        self.watermarks = Watermarks(self.request)
+        self.watermarks = Watermarks(self._signalled)
         self._wake = asyncio.Event()
         #: per table, its chunks not recorded yet, in key order
         self._undurable: dict[str, list[_Done]] = {}
@@ -239,6 +247,40 @@ class IncrementalSnapshot:
         self._idle: list[Any] = []  # worker connections not in use
         self._free = config.snapshot.workers  # worker slots not in use
         self._reading: list[str] = []  # the tables being read
+
+    def _signalled(self, content: bytes, signal_lsn: int) -> None:
+        """A signal in the stream at ``signal_lsn``: taken when it is for this slot and signed
+        with this daemon's key (:mod:`cdcd.snapshot.signals`), else logged and ignored."""
+        if signal_lsn <= self.state.last_signal:
+            return  # taken before, sent again after a reconnect or restart
+        cfg = self.config
+        slot = cfg.source.slot
+        try:
+            key, _ = signal_key(cfg.snapshot.signal_secret(), cfg.snapshot.state_dir, slot)
+        except OSError as exc:
+            log.error(
+                "signal ignored: no signal key to check it with (set snapshot.signal_key or "
+                f"{KEY_ENV}, or make snapshot.state_dir writable)",
+                error=str(exc),
+                at=format_lsn(signal_lsn),
+            )
+            return
+        verdict = verify(key, slot, content)
+        if verdict.tables is None:
+            if verdict.other_slot:
+                log.debug("signal for another daemon", reason=verdict.why)
+            else:
+                log.warning(
+                    "signal ignored: not authorised or malformed",
+                    reason=verdict.why,
+                    at=format_lsn(signal_lsn),
+                )
+            return
+        if verdict.id in self.state.signals:
+            log.warning("signal ignored: taken before (a replay)", id=verdict.id)
+            return
+        self.state.signals = [*self.state.signals, verdict.id][-REMEMBERED:]
+        self.request(verdict.tables, signal_lsn)
 
     def request(self, tables: list[str], signal_lsn: int = 0) -> None:
         """Tables asked for (by a signal in the stream at ``signal_lsn``, or at start):

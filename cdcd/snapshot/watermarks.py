@@ -11,7 +11,8 @@ transaction of kind ``"snapshot"`` that takes the high watermark's place and pos
 ``op: "r"`` events sort after every change they survived and before every later one.
 
 A message with the prefix :data:`SIGNAL` (written by ``cdcd snapshot --table``) asks for
-tables to be snapshotted. Watermarks and signals are never published to the sinks.
+tables to be snapshotted; whether its sender may ask is checked by the receiver
+(:mod:`cdcd.snapshot.signals`). Watermarks and signals are never published to the sinks.
 
 Several chunks may be between their watermarks at once (``snapshot.workers``); each has its
 own window, and a change is noted in every open window of its table.
@@ -116,10 +117,10 @@ def marker(txn: Transaction) -> Message | None:
 
 
 class Watermarks:
-    """See the module docstring. ``on_signal`` receives the tables a signal asks for and the
-    signal's end LSN (a signal is sent again after a reconnect or restart until confirmed)."""
+    """See the module docstring. ``on_signal`` receives a signal's content, unchecked, and its
+    end LSN (a signal is sent again after a reconnect or restart until confirmed)."""
 
-    def __init__(self, on_signal: Callable[[list[str], int], None]) -> None:
+    def __init__(self, on_signal: Callable[[bytes, int], None]) -> None:
         self._chunks: dict[str, Chunk] = {}
         self._on_signal = on_signal
 
@@ -162,11 +163,8 @@ class Watermarks:
         return txn
 
     def _on_mark(self, mark: Message, end_lsn: int) -> None:
-        if mark.prefix == SIGNAL:
-            payload = _payload(mark)
-            tables = payload.get("tables") if payload else None
-            if isinstance(tables, list) and all(isinstance(t, str) for t in tables):
-                self._on_signal(tables, end_lsn)
+        if mark.prefix == SIGNAL:  # checked by the receiver (cdcd.snapshot.signals)
+            self._on_signal(mark.content, end_lsn)
 
     def _at_watermark(self, txn: Transaction, mark: Message) -> Transaction | None:
         payload = _payload(mark)

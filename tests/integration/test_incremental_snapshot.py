@@ -230,6 +230,17 @@ def test_snapshot_on_demand_through_a_signal(pg_db: PgDatabase, tmp_path: Path) 
     try:
         _streaming(proc, tmp_path)
         pg_db.execute("UPDATE t SET n = n + 1 WHERE id % 7 = 0; DELETE FROM t WHERE id % 11 = 0")
+        # any role may write a logical message: one without the signal key's mac is ignored
+        pg_db.execute(
+            "SELECT pg_logical_emit_message(true, 'cdcd-signal', '{\"tables\": [\"public.t\"]}')"
+        )
+        _wait(
+            lambda: bool(_log_lines(tmp_path, "signal ignored: not authorised or malformed")),
+            30,
+            "the forged signal to be refused",
+            proc,
+        )
+        assert "public.t" not in _state(tmp_path)
         bad = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.nope", check=False)
         assert bad.returncode != 0 and "public.nope" in bad.stderr + bad.stdout
         out = run_cdcd("snapshot", "--config", str(cfg), "--table", "public.t").stdout
