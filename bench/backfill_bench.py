@@ -119,7 +119,7 @@ def _config(db: PgDatabase, work: Path, sink: str, snapshot: dict[str, Any]) -> 
         "buffer": {"spill_dir": str(work / "spill")},
         "sinks": sinks,
         "http": {"listen": None},
-        "log": {"format": "json", "level": "info"},
+        "log": {"format": "json", "level": os.environ.get("S2_LOG_LEVEL", "info")},
     }
     path = work / "cdcd.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -149,15 +149,25 @@ def backfill(
         cfg = _config(db, work, sink, snapshot)
         log_path = work / "cdcd.log"
         with log_path.open("wb") as log_file:
-            proc = subprocess.Popen(
-                _cdcd("run", "--config", str(cfg)), stdout=log_file, stderr=log_file, cwd=REPO
-            )
+            cmd = _cdcd("run", "--config", str(cfg))
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=log_file, cwd=REPO)
         try:
             _wait(lambda: b'"streaming"' in log_path.read_bytes(), 60, "streaming", proc)
             if rate:
                 writes = Writes(db.dsn, rows, rate)
                 writes.start()
                 time.sleep(1.0)
+            profile = os.environ.get("S2_PROFILE")  # the daemon's collapsed stacks, here
+            profiler = (
+                subprocess.Popen(
+                    ["py-spy", "record", "-r", "200", "-f", "raw", "-o", profile]
+                    + ["--pid", str(proc.pid)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                if profile
+                else None
+            )
             cpu0, _ = _proc_stat(proc.pid)
             started = time.monotonic()
             subprocess.run(
@@ -175,8 +185,12 @@ def backfill(
                     return False
 
             _wait(done, 3600, "the backfill", proc)
+            _wait(lambda: b"of table done" in log_path.read_bytes(), 60, "the backfill's end", proc)
             seconds = time.monotonic() - started
             cpu1, hwm = _proc_stat(proc.pid)
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                profiler.wait(60)
             if writes is not None:
                 writes.stop.set()
                 writes.join()
@@ -187,10 +201,15 @@ def backfill(
                 proc.kill()
                 proc.wait()
         done_line = next(
-            json.loads(line)
-            for line in log_path.read_text().splitlines()
-            if '"incremental snapshot of table done"' in line
+            (
+                json.loads(line)
+                for line in log_path.read_text().splitlines()
+                if '"incremental snapshot of table done"' in line
+            ),
+            None,
         )
+        if done_line is None:
+            raise RuntimeError(f"no end of the backfill in the log:\n{log_path.read_text()[-3000:]}")
         result: dict[str, Any] = {
             "workload": "S2",
             "sink": sink,
@@ -211,7 +230,8 @@ def backfill(
         return result
     finally:
         db.execute("SELECT pg_drop_replication_slot('s2')")
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("S2_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _rebuilt_equal(db: PgDatabase, cfg: Path, work: Path) -> bool:

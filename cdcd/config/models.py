@@ -256,8 +256,9 @@ class SnapshotConfig(_Model):
     tune_workers: bool = True
     #: rows per block-range chunk of the initial snapshot, estimated from pg_class
     initial_chunk_rows: int = Field(default=100_000, ge=1)
-    #: rows per chunk of an incremental snapshot (docs/snapshots.md)
-    chunk_rows: int = Field(default=2048, ge=1)
+    #: rows per chunk of an incremental snapshot at most: the size adapts below it, and within
+    #: a share of buffer.memory_limit (docs/snapshots.md "Backfill speed")
+    chunk_rows: int = Field(default=100_000, ge=1)
     #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a
     #: crash may emit again; throughput is at most this many chunks per sink flush interval
     chunks_in_flight: int = Field(default=4, ge=1)

@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
 from itertools import islice
 from typing import Any
@@ -55,6 +55,7 @@ from cdcd.benchlog import LatencyLog
 from cdcd.decoder import events as ev
 from cdcd.errors import TransientSinkError
 from cdcd.events.catalog import schema_name
+from cdcd.events.change_event import ChangeEvent
 from cdcd.events.encoder import Encoder, EventCursor
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.sinks.base import Sink
@@ -69,6 +70,8 @@ _BEGIN, _WRITE, _COMMIT, _END, _PART, _WHOLE = range(6)  # _PART: a part other t
 #: transactions of at most this many changes go in _WHOLE items (not begin, batches, commit),
 #: as many as are waiting while the run's changes stay within it
 _WHOLE_CHANGES = 1000
+#: rows per batch of an incremental snapshot's chunk handed to the sinks
+_SNAPSHOT_BATCH = 5000
 #: kinds of transaction a run takes after its first (a snapshot chunk or a reset goes alone)
 _RUN_KINDS = frozenset({"regular", "streamed", "prepared", "message"})
 #: seconds a sink task waits for work before it looks at flushing again
@@ -303,8 +306,7 @@ class Writer:
                     changes += after.size
             whole: list[tuple[Transaction, list[Any]]]
             if self._events_wanted:
-                encoder = self._encoder
-                whole = [(t, list(encoder.batches(t))) for t in run]
+                whole = [(t, list(self._event_batches(t))) for t in run]
                 self._count(sum(len(batch) for _, batches in whole for batch in batches))
             else:
                 whole = [(t, list(_record_batches(t))) for t in run]
@@ -319,7 +321,7 @@ class Writer:
         # the last reading of a large transaction's changes: one held in memory in the compact
         # form frees its chunks as they are read, while the sinks' buffers fill (docs/guarantees.md)
         if self._events_wanted:
-            for batch in self._encoder.batches(txn, cursor=self._cursor, last=True):
+            for batch in self._event_batches(txn, cursor=self._cursor, last=True):
                 self._count(len(batch))
                 yield (_WRITE, batch)
         else:
@@ -327,6 +329,29 @@ class Writer:
                 self._count_changes(records)
                 yield (_WRITE, records)
         yield (_COMMIT, txn) if txn.ends else (_PART, txn)
+
+    def _event_batches(
+        self, txn: Transaction, cursor: EventCursor | None = None, last: bool = False
+    ) -> Iterator[Sequence[ChangeEvent]]:
+        """The events of ``txn`` in batches: a chunk of an incremental snapshot (rows of one
+        table) as :class:`~cdcd.events.snapshot_run.SnapshotRun` s, whose records the JSON
+        Lines writer makes in one call (README "Compiled fast paths"), as the initial snapshot
+        does; any other from the encoder (the same events either way)."""
+        if txn.kind != "snapshot":
+            yield from self._encoder.batches(txn, cursor=cursor, last=last)
+            return
+        rows = [record.change.new for record in txn.changes()]  # type: ignore[union-attr]
+        if not rows:
+            return
+        relation = next(txn.changes()).relations[0]
+        for first in range(0, len(rows), _SNAPSHOT_BATCH):
+            yield self._encoder.snapshot_run(
+                relation,
+                rows[first : first + _SNAPSHOT_BATCH],
+                commit_lsn=txn.commit_lsn,
+                commit_time=txn.commit_time,
+                first_seq=first,
+            )
 
     def _could_take(self, i: int) -> bool:
         window = self._window

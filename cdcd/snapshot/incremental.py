@@ -40,6 +40,7 @@ from cdcd.config import Config
 from cdcd.decoder.events import TupleData
 from cdcd.errors import ConfigError, TransientSourceError
 from cdcd.lsn import format_lsn
+from cdcd.snapshot.chunk_size import ChunkSizer
 from cdcd.snapshot.signals import KEY_ENV, REMEMBERED, signal_key, verify
 from cdcd.snapshot.watermarks import (
     WATERMARK,
@@ -89,6 +90,8 @@ _CONNECTION_LOST = (
 
 #: seconds between progress lines in the log
 _LOG_EVERY = 5.0
+#: rows of a table's first chunk (then :class:`ChunkSizer` adapts it)
+_FIRST_CHUNK_ROWS = 2048
 #: seconds between looks for tables added to the publication (``snapshot.new_tables``)
 _POLL_SECONDS = 2.0
 
@@ -214,6 +217,46 @@ class _Done:
     rows: int
     finished: bool
     bytes: int = 0
+    keyed: bool = False  # last_key and finished are known (the chunk's rows are read)
+
+
+@dataclass(slots=True)
+class _ChunkRead:
+    """What a chunk reads: ``name``'s keys after ``after``, up to ``upto`` (else ``limit``
+    rows); ``current`` holds the table as last described (a chunk that finds it altered
+    describes it again)."""
+
+    name: str
+    current: list[SnapshotTable]
+    key_names: tuple[str, ...]
+    keys: list[tuple[str, str]]
+    after: Any
+    upto: Any
+    limit: int
+
+
+class _Slot:
+    """The worker slot (``IncrementalSnapshot._free``) a chunk holds while it reads: given back
+    once the read ends, before its window closes in the stream, so that the next chunk is read
+    while this one waits for its high watermark."""
+
+    __slots__ = ("_owner", "held")
+
+    def __init__(self, owner: IncrementalSnapshot) -> None:
+        self._owner = owner
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._owner._free += 1
+
+    async def take(self) -> None:
+        """Hold a slot again (a chunk read a second time)."""
+        while self._owner._free <= 0:
+            await asyncio.sleep(0.02)
+        self._owner._free -= 1
+        self.held = True
 
 
 class Tracker(Protocol):
@@ -453,10 +496,6 @@ class IncrementalSnapshot:
                 else:
                     conn.terminate()
 
-    def _release(self, _: Any) -> None:
-        """A chunk's task ended (read, failed or cancelled, started or not): its slot is free."""
-        self._free += 1
-
     async def _table(self, name: str) -> None:
         self._reading.append(name)  # in the order they started (for _share)
         try:
@@ -510,25 +549,32 @@ class IncrementalSnapshot:
         progress.meter.add(started, rows_done)
         current = [table]  # as last described; a chunk that finds it changed describes it again
         lo = last_key  # the next chunk starts after this key
-        tail = False  # a chunk without an upper key is in flight: the next start comes from it
+        tail: _Done | None = None  # a chunk without an upper key: the next start comes from it
         ended = False
-        inflight: dict[asyncio.Task[Any], tuple[_Done, Any]] = {}
+        inflight: dict[asyncio.Task[Any], tuple[_Done, _Slot]] = {}
         undurable = self._undurable[name] = []
+        # each chunk's rows wait in memory until durable: a share of the buffer for each
+        memory = int(self.config.buffer.memory_limit) // (2 * cfg.chunks_in_flight)
+        sizer = ChunkSizer(_FIRST_CHUNK_ROWS, cfg.chunk_rows, memory)
+        keyed = asyncio.Event()  # a chunk without an upper key has read its rows
         try:
             while self.state.tables.get(name) is entry and not (ended and not inflight):
                 self.record_durable()
                 # bounded: what a crash makes emit again (chunks not recorded yet) stays small
                 if self._in_flight() >= cfg.chunks_in_flight:
                     self._flush()  # rather than wait for the sinks' flush_interval
+                if tail is not None and tail.keyed:  # its rows are read: the next start
+                    lo, ended, tail = tail.last_key, tail.finished, None
                 if (
                     not ended
-                    and not tail
+                    and tail is None
                     and self._free > 0
-                    and len(inflight) < self._share(name)
+                    and sum(slot.held for _, slot in inflight.values()) < self._share(name)
                     and self._in_flight() < cfg.chunks_in_flight
                 ):
                     # taken before anything is awaited: other tables' tasks take them too
                     self._free -= 1  # this chunk's worker
+                    slot = _Slot(self)
                     done = _Done(name, -1, None, 0, False)  # end_lsn -1: not read yet
                     undurable.append(done)  # in key order: resume after durable ones
                     launched = False
@@ -541,35 +587,49 @@ class IncrementalSnapshot:
                                 break
                             current[0] = latest
                         # several workers: the next chunk's last key, so that it and the one
-                        # after it can be read at once; one worker reads `chunk_rows` rows
+                        # after it can be read at once; one worker reads `sizer.rows` rows
+                        limit = sizer.rows
                         hi = done.last_key = (
-                            await control.run(next_bound, current[0], keys, lo, cfg.chunk_rows)
+                            await control.run(next_bound, current[0], keys, lo, limit)
                             if cfg.workers > 1
                             else None
                         )
+                        done.keyed = hi is not None
                         task = asyncio.create_task(
-                            self._on_worker(self._chunk, name, current, key_names, keys, lo, hi)
+                            self._chunk(
+                                _ChunkRead(name, current, key_names, keys, lo, hi, limit),
+                                done,
+                                slot,
+                                keyed,
+                                sizer,
+                            )
                         )
-                        task.add_done_callback(self._release)
+                        task.add_done_callback(lambda _, slot=slot: slot.release())  # type: ignore[misc]
                         launched = True
                     finally:
                         if not launched:
-                            self._free += 1
+                            slot.release()
                             undurable.remove(done)
-                    inflight[task] = (done, lo)
+                    inflight[task] = (done, slot)
                     if hi is None:
-                        tail = True
+                        tail = done
                     else:
                         lo = hi
                     continue
                 if not inflight:
                     await asyncio.sleep(0.05)  # waiting for chunks to be durable
                     continue
-                finished_tasks, _ = await asyncio.wait(
-                    inflight, timeout=0.5, return_when=asyncio.FIRST_COMPLETED
+                keyed.clear()
+                waiting: set[asyncio.Future[Any]] = set(inflight)
+                if tail is not None:  # woken as soon as its rows are read
+                    waiting.add(asyncio.ensure_future(keyed.wait()))
+                finished, _ = await asyncio.wait(
+                    waiting, timeout=0.5, return_when=asyncio.FIRST_COMPLETED
                 )
-                for task in finished_tasks:
-                    done, start = inflight.pop(task)
+                for extra in waiting - set(inflight):
+                    extra.cancel()
+                for task in [t for t in inflight if t in finished]:
+                    done, _ = inflight.pop(task)
                     try:
                         read = task.result()
                     except _KeyChanged as exc:
@@ -586,19 +646,14 @@ class IncrementalSnapshot:
                         self._removed(name, entry)
                         ended = True
                         continue
-                    rows, result, row_key = read
-                    if done.last_key is None:  # read `chunk_rows` rows from `start`
-                        tail = False
-                        done.last_key = row_key if row_key is not None else start
-                        ended = done.finished = len(rows) < cfg.chunk_rows
-                        lo = done.last_key
+                    rows, size, result = read
                     rows_done += result.emitted
                     done.rows = rows_done
                     done.end_lsn = result.end_lsn
                     progress.rows = rows_done
                     progress.dropped += result.dropped
                     progress.chunks += 1
-                    progress.bytes += sum(len(v) for row in rows for v in row.values if v)
+                    progress.bytes += size - 64 * len(rows)  # the values' text
                     progress.meter.add(time.monotonic(), rows_done)
                     done.bytes = progress.bytes
                     if result.end_lsn:
@@ -642,56 +697,88 @@ class IncrementalSnapshot:
         )
 
     async def _chunk(
-        self,
-        conn: Any,
-        name: str,
-        current: list[SnapshotTable],
-        key_names: tuple[str, ...],
-        keys: list[tuple[str, str]],
-        after: Any,
-        upto: Any,
-    ) -> tuple[list[TupleData], ChunkResult, list[str | None] | None] | None:
-        """Read the chunk of keys after ``after`` (up to ``upto``, else ``chunk_rows`` rows)
-        between its watermarks, until the window lets it through: its rows, what became of
-        them, the key of its last row; None if the table is gone."""
+        self, what: _ChunkRead, done: _Done, slot: _Slot, keyed: asyncio.Event, sizer: ChunkSizer
+    ) -> tuple[list[TupleData], int, ChunkResult] | None:
+        """Read the chunk ``what`` between its watermarks on a worker, give the worker back,
+        and wait until the window lets it through: its rows, their accounted bytes
+        (:func:`cdcd.source.copy.accounted`) and what became of them; None if
+        the table is gone. Once the rows are read, ``done`` learns the key of the last (and
+        whether the table ends there) and ``keyed`` is set: the next chunk starts from it. A
+        chunk read again (its window saw a change its keys cannot show) keeps its key range."""
         while True:
-            table = current[0]
-            chunk = Chunk(uuid.uuid4().hex, table.relation, key_names)
+            started = time.monotonic()
+            read = await self._on_worker(self._read_chunk, what)
+            slot.release()
+            if read is None:
+                return None
+            chunk, rows, size = read
+            seconds = time.monotonic() - started
+            if not done.keyed:
+                last = _key_values(chunk, rows[-1]) if rows else None
+                key = None if last is None else [None if v is None else v.decode() for v in last]
+                done.last_key = key if key is not None else what.after
+                done.finished = len(rows) < what.limit
+                done.keyed = True
+                keyed.set()
+            try:
+                result = await chunk.done
+            finally:
+                self.watermarks.disarm(chunk)
+            sizer.observe(len(rows), size, seconds, result.dropped)
+            if not result.retry:
+                return rows, size, result
+            log.info(
+                "chunk changed in a way its keys cannot show; reading it again", table=what.name
+            )
+            what.upto = done.last_key  # the same keys: the next chunk may have started after them
+            await slot.take()
+
+    async def _read_chunk(
+        self, conn: Any, what: _ChunkRead
+    ) -> tuple[Chunk, list[TupleData], int] | None:
+        """Arm the chunk, write its low watermark, read its rows and commit its high watermark
+        with the read (:func:`read_key_chunk`); the chunk (its window open in the stream) and
+        its rows, or None if the table is gone."""
+        name, keys = what.name, what.keys
+        while True:
+            table = what.current[0]
+            chunk = Chunk(uuid.uuid4().hex, table.relation, what.key_names)
             self.watermarks.arm(chunk)
+            armed = True
             try:
                 await _watermark(conn, chunk.id, "low")
+
+                def seal(
+                    rows: list[TupleData], snapshot: str, size: int, chunk: Chunk = chunk
+                ) -> tuple[str, str]:
+                    chunk.snapshot = parse_snapshot(snapshot)
+                    chunk.rows = rows
+                    chunk.size = size
+                    return WATERMARK, json.dumps({"id": chunk.id, "mark": "high"})
+
                 try:
-                    rows, snapshot, altered = await read_key_chunk(
-                        conn, table, keys, after, self.config.snapshot.chunk_rows, upto
+                    rows, _, altered, size = await read_key_chunk(
+                        conn, table, keys, what.after, what.limit, what.upto, seal
                     )
                 except _ALTERED as exc:  # the key's type too: the last key may not fit it
                     log.info("table changed during its snapshot", table=name, error=str(exc))
                     altered = True
-                if altered:  # a column added, dropped, of another type: describe, read again
-                    latest = await self._describe(conn, name)
-                    if latest is None:
-                        return None
-                    now_keys = [
-                        (str(r[0]), str(r[1])) for r in await primary_key(conn, latest.relation.oid)
-                    ]
-                    if now_keys != keys:  # another order: the keys already read mean nothing
-                        raise _KeyChanged(keys, now_keys)
-                    current[0] = latest
-                    continue
-                chunk.snapshot = parse_snapshot(snapshot)
-                chunk.rows = rows
-                await _watermark(conn, chunk.id, "high")
-                result = await chunk.done
+                if not altered:
+                    armed = False  # the caller waits for the window, then disarms
+                    return chunk, rows, size
             finally:
-                self.watermarks.disarm(chunk)
-            if result.retry:
-                log.info(
-                    "chunk changed in a way its keys cannot show; reading it again", table=name
-                )
-                continue
-            last = _key_values(chunk, rows[-1]) if rows else None
-            key = None if last is None else [None if v is None else v.decode() for v in last]
-            return rows, result, key
+                if armed:
+                    self.watermarks.disarm(chunk)
+            # a column added, dropped, of another type: describe, read again
+            latest = await self._describe(conn, name)
+            if latest is None:
+                return None
+            now_keys = [
+                (str(r[0]), str(r[1])) for r in await primary_key(conn, latest.relation.oid)
+            ]
+            if now_keys != keys:  # another order: the keys already read mean nothing
+                raise _KeyChanged(keys, now_keys)
+            what.current[0] = latest
 
     async def _describe(self, conn: Any, name: str) -> SnapshotTable | None:
         """The table as published now; None when it is not (dropped, removed)."""

@@ -79,6 +79,7 @@ class Chunk:
     relation: Relation
     key_names: tuple[str, ...]
     rows: list[TupleData] | None = None
+    size: int = 0  # the rows' accounted bytes (cdcd.source.copy.accounted), set with them
     snapshot: Snapshot | None = None  # set with ``rows``; None: every early change counts
     opened: bool = False
     dirty: bool = False
@@ -87,17 +88,27 @@ class Chunk:
     done: asyncio.Future[ChunkResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    #: the key columns' positions in the relation last seen (None: a key column is missing)
+    _where: tuple[Relation, list[int] | None] | None = field(default=None, repr=False)
 
     def key_of(self, relation: Relation, row: TupleData) -> Key | None:
         """The key of ``row`` (an image of ``relation``), or None if a key column is missing."""
-        names = [c.name for c in relation.columns]
+        where = self._where
+        if where is None or where[0] is not relation:
+            names = [c.name for c in relation.columns]
+            where = self._where = (
+                relation,
+                None
+                if any(n not in names for n in self.key_names)
+                else [names.index(n) for n in self.key_names],
+            )
+        positions = where[1]
+        if positions is None:
+            return None
         key: list[bytes | None] = []
-        for name in self.key_names:
-            try:
-                i = names.index(name)
-            except ValueError:
-                return None
-            if i >= len(row.kinds) or row.kinds[i] in (KIND_NULL, KIND_UNCHANGED_TOAST):
+        kinds = row.kinds
+        for i in positions:
+            if i >= len(kinds) or kinds[i] in (KIND_NULL, KIND_UNCHANGED_TOAST):
                 return None
             key.append(row.values[i])
         return tuple(key)
@@ -185,7 +196,13 @@ class Watermarks:
             chunk.done.set_result(ChunkResult(retry=True))
             return None
         rel = chunk.relation
-        kept = [row for row in chunk.rows if chunk.key_of(rel, row) not in chunk.changed]
+        changed = chunk.changed
+        # no change in the window: every row is kept, none looked at
+        kept = (
+            [r for r in chunk.rows if chunk.key_of(rel, r) not in changed]
+            if changed
+            else chunk.rows
+        )
         dropped = len(chunk.rows) - len(kept)
         if not kept:
             chunk.done.set_result(ChunkResult(retry=False, dropped=dropped))
@@ -202,7 +219,7 @@ class Watermarks:
             end_lsn=txn.end_lsn,
             commit_time=txn.commit_time,
             size=len(kept),
-            mem_bytes=sum(64 + sum(len(v or b"") for v in row.values) for row in kept),
+            mem_bytes=chunk.size * len(kept) // max(len(chunk.rows), 1),
             _records=records,
         )
 

@@ -33,6 +33,7 @@ chunk order, so ``seq`` stays dense and in table order however the reads interle
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -401,39 +402,70 @@ async def read_key_chunk(
     after: list[str] | None,
     limit: int,
     upto: list[str] | None = None,
-) -> tuple[list[TupleData], str, bool]:
-    """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (docs/snapshots.md: faster than a SELECT), the snapshot it was read at (``pg_current_snapshot()``:
+    seal: Callable[[list[TupleData], str, int], tuple[str, str]] | None = None,
+) -> tuple[list[TupleData], str, bool, int]:
+    """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (docs/snapshots.md:
+    faster than a SELECT), the snapshot it was read at (``pg_current_snapshot()``:
     the watermarks drop rows of transactions it does not see, :mod:`cdcd.snapshot.watermarks`),
-    and whether ``table``'s columns are no longer all there as described (an ALTER TABLE since it was
-    described: read in the same transaction, whose lock keeps an ALTER from coming between)."""
+    whether ``table``'s columns are no longer all there as described (an ALTER TABLE since
+    it was described; then nothing is read), and the rows' accounted bytes
+    (:func:`cdcd.source.copy.accounted`). ``seal(rows, snapshot, bytes)``, called once the rows are
+    read, returns a logical message ``(prefix, content)`` written in the read's transaction and
+    committed with it: the chunk's high watermark, at one round trip and one commit less than a
+    transaction of its own.
+
+    Four round trips: BEGIN with the lock (the lock first, then the snapshot: a table rewrite
+    committed while the lock waited would otherwise look empty to an older snapshot), the
+    snapshot with the table's shape (read under the lock, which keeps an ALTER from coming
+    between it and the COPY), the COPY, the watermark with COMMIT."""
     rows: list[TupleData] = []
+    size = 0
 
-    async def take(batch: list[TupleData], _size: int) -> None:
+    async def take(batch: list[TupleData], batch_size: int) -> None:
+        nonlocal size
         rows.extend(batch)
+        size += batch_size
 
-    sql = chunk_sql(table, keys, after, limit, upto)
     rel = table.relation
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        # the lock first, then the snapshot: a table rewrite (ALTER COLUMN TYPE) committed
-        # while the lock waited would otherwise look empty to an older snapshot
-        await conn.execute(
-            f"LOCK TABLE {quote_ident(rel.namespace)}.{quote_ident(rel.name)} IN ACCESS SHARE MODE"
-        )
-        snapshot = await conn.fetchval("SELECT pg_current_snapshot()::text")
-        await copy_query(conn, sql, len(table.relation.columns), take, limit)
-        shape = list(await conn.fetchval(_SHAPE_SQL, table.relation.oid))
-    # a subset: a publication's column list may leave columns out
-    return rows, str(snapshot), not set(relation_shape(table.relation)) <= set(shape)
+    await conn.execute(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; "
+        f"LOCK TABLE {quote_ident(rel.namespace)}.{quote_ident(rel.name)} IN ACCESS SHARE MODE"
+    )
+    try:
+        snapshot, shape = await conn.fetchrow(_SNAPSHOT_SHAPE_SQL, rel.oid)
+        # a subset: a publication's column list may leave columns out
+        altered = not set(relation_shape(rel)) <= set(shape)
+        mark = None
+        if not altered:
+            sql = chunk_sql(table, keys, after, limit, upto)
+            await copy_query(conn, sql, len(rel.columns), take, limit)
+            if seal is not None:
+                mark = seal(rows, str(snapshot), size)
+        if mark is None:
+            await conn.execute("COMMIT")
+        else:
+            prefix, content = mark
+            await conn.execute(
+                f"SELECT pg_logical_emit_message(true, {quote_literal(prefix)}, "
+                f"{quote_literal(content)}); COMMIT"
+            )
+    except Exception:
+        if not conn.is_closed() and conn.is_in_transaction():
+            with contextlib.suppress(Exception):  # a lost connection: closed by the caller
+                await conn.execute("ROLLBACK")
+        raise
+    return rows, str(snapshot), altered, size
 
 
-_SHAPE_SQL = """
-SELECT coalesce(array_agg(format('%s %s %s', attname, atttypid, atttypmod) ORDER BY attnum), '{}')
+_SNAPSHOT_SHAPE_SQL = """
+SELECT pg_current_snapshot()::text,
+       coalesce(array_agg(format('%s %s %s', attname, atttypid, atttypmod) ORDER BY attnum), '{}')
 FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
 """
 
 
 def relation_shape(relation: Relation) -> list[str]:
-    """``name type typmod`` per column of ``relation``, as :data:`_SHAPE_SQL` gives them."""
+    """``name type typmod`` per column of ``relation``, as :data:`_SNAPSHOT_SHAPE_SQL` gives them."""
     return [f"{c.name} {c.type_oid} {c.typmod}" for c in relation.columns]
 
 
