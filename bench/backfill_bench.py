@@ -46,6 +46,7 @@ from bench.run import W1_DDL, W1_ROWS  # noqa: E402
 from tests.pgharness import PgCluster, PgDatabase, create_database, find_installations  # noqa: E402
 
 TABLE = "public.s1"
+_PY_SPY = ("py-spy", "record", "-r", "200", "-f", "raw")
 
 
 class Writes(threading.Thread):
@@ -160,8 +161,7 @@ def backfill(
             profile = os.environ.get("S2_PROFILE")  # the daemon's collapsed stacks, here
             profiler = (
                 subprocess.Popen(
-                    ["py-spy", "record", "-r", "200", "-f", "raw", "-o", profile]
-                    + ["--pid", str(proc.pid)],
+                    [*_PY_SPY, "-o", profile, "--pid", str(proc.pid)],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -209,7 +209,9 @@ def backfill(
             None,
         )
         if done_line is None:
-            raise RuntimeError(f"no end of the backfill in the log:\n{log_path.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"no end of the backfill in the log:\n{log_path.read_text()[-3000:]}"
+            )
         result: dict[str, Any] = {
             "workload": "S2",
             "sink": sink,

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from cdcd.progress_rate import SIZE
+
 if TYPE_CHECKING:
     from cdcd.stats import Stats
 
@@ -36,7 +38,14 @@ def _snapshot_metrics(s: Stats) -> Iterator[Any]:
         ),
         "estimate": GaugeMetricFamily(
             "cdcd_snapshot_rows_estimated",
-            "rows of the table when its snapshot started (pg_class.reltuples)",
+            "rows of the table when its snapshot started (pg_class.reltuples; absent when "
+            "nothing is known)",
+            labels=["table"],
+        ),
+        "from_size": GaugeMetricFamily(
+            "cdcd_snapshot_estimate_from_size",
+            "1 when the estimate comes from the table's size (never analysed: its size over a "
+            "sample's row width), not from statistics",
             labels=["table"],
         ),
         "dropped": CounterMetricFamily(
@@ -65,7 +74,9 @@ def _snapshot_metrics(s: Stats) -> Iterator[Any]:
     }
     for table, t in sorted(s.snapshots.items()):
         families["rows"].add_metric([table], t.rows)
-        families["estimate"].add_metric([table], t.estimate)
+        if t.estimated_from is not None:
+            families["estimate"].add_metric([table], t.estimate)
+            families["from_size"].add_metric([table], 1 if t.estimated_from == SIZE else 0)
         families["dropped"].add_metric([table], t.dropped)
         families["running"].add_metric([table], 1 if t.status == "running" else 0)
         families["bytes"].add_metric([table], t.bytes)

@@ -8,6 +8,8 @@ back (the table's snapshot started over) starts the measure again.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
 
 class RateMeter:
@@ -38,13 +40,44 @@ class RateMeter:
 
     def eta(self, rows: int, estimate: int) -> float | None:
         """Seconds until ``estimate`` rows at the current rate; None when unknown (no rate
-        yet, or none at all); 0 once the estimate is reached."""
-        if rows >= estimate > 0:
-            return 0.0
+        yet, none at all, no estimate, or the estimate passed: it was wrong, and how many rows
+        are left is not known)."""
         rate = self.rate
-        if not rate or rate <= 0 or estimate <= 0:
+        if not rate or rate <= 0 or estimate <= rows:
             return None
         return (estimate - rows) / rate
+
+
+#: where the estimate of a table's rows comes from: the planner's statistics
+#: (``pg_class.reltuples``), or the table's size over the width of a sample of its rows
+STATISTICS, SIZE = "statistics", "size"
+
+
+def estimate_source(entry: Mapping[str, Any]) -> str | None:
+    """Where a recorded table's estimate comes from (:data:`STATISTICS`, :data:`SIZE`), None
+    when there is none (records made before the key existed: statistics, when not 0)."""
+    source = entry.get("estimated_from", STATISTICS if int(entry.get("estimate") or 0) else None)
+    return str(source) if source is not None else None
+
+
+def show_estimate(estimate: int, source: str | None, separators: bool = True) -> str:
+    """``100,000`` from statistics, ``~100,000`` from the size (an estimate, and said so),
+    ``?`` when nothing is known."""
+    if source is None:
+        return "?"
+    text = f"{estimate:,}" if separators else str(estimate)
+    return "~" + text if source == SIZE else text
+
+
+def show_percent(status: str, rows: int, estimate: int, source: str | None) -> str:
+    """``48.0%``; ``~48.0%`` against an estimate from the size; ``-`` without an estimate
+    (never a percentage of nothing); below 100% until the snapshot is done."""
+    if status == "done":
+        return "100%"
+    if source is None or estimate <= 0:
+        return "-"
+    text = f"{min(99.9, 100 * rows / estimate):.1f}%"
+    return "~" + text if source == SIZE else text
 
 
 def duration(seconds: float | None) -> str:

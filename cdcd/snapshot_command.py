@@ -17,7 +17,13 @@ from cdcd import snapshot_follow
 from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, ConfigError, DefiniteSourceError
 from cdcd.lsn import parse_lsn
-from cdcd.progress_rate import duration
+from cdcd.progress_rate import (
+    STATISTICS,
+    duration,
+    estimate_source,
+    show_estimate,
+    show_percent,
+)
 from cdcd.snapshot.incremental import NO_KEY, IncrementalState
 from cdcd.snapshot.signals import KEY_ENV, sign, signal_key
 from cdcd.snapshot.watermarks import SIGNAL
@@ -100,18 +106,22 @@ def status(config: Config, out: TextIO = sys.stdout, follow: bool = False) -> in
     )
     for name, t in state.tables.items():
         estimate = int(t.get("estimate") or 0)
+        source = estimate_source(t)
         rows = int(t.get("rows") or 0)
-        if t["status"] == "done":
-            pct = "100%"
-        else:
-            pct = f"{min(99.9, 100 * rows / estimate):.1f}%" if estimate else "-"
+        pct = show_percent(t["status"], rows, estimate, source)
         size = tqdm.format_sizeof(int(t.get("bytes") or 0), "B", 1024)
         rate = t.get("rows_per_s") if t["status"] == "running" else None
-        eta = (estimate - rows) / rate if rate and estimate > rows else None
+        eta = (estimate - rows) / rate if rate and source and estimate > rows else None
         speed = "-" if rate is None else f"{rate:,}"
+        shown = show_estimate(estimate, source, separators=False)
         out.write(
-            f"{name:<{width}}  {t['status']:<8}  {rows:>10}  {estimate:>10}  {pct:>5}  "
+            f"{name:<{width}}  {t['status']:<8}  {rows:>10}  {shown:>10}  {pct:>5}  "
             f"{size:>7}  {speed:>8}  {duration(eta) if rate else '-'}\n"
+        )
+    if any(estimate_source(t) != STATISTICS for t in state.tables.values()):
+        out.write(
+            "~: estimated from the table's size (never analysed); ?: no estimate (ANALYZE the "
+            "table for one)\n"
         )
     return EXIT_OK
 

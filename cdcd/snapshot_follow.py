@@ -16,20 +16,39 @@ from typing import Any, TextIO
 
 from cdcd.config import Config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
-from cdcd.progress_rate import RateMeter, duration
+from cdcd.progress_rate import (
+    SIZE,
+    STATISTICS,
+    RateMeter,
+    duration,
+    estimate_source,
+    show_estimate,
+    show_percent,
+)
 from cdcd.snapshot.incremental import IncrementalState
 
 #: a table's snapshot has ended in these statuses
 ENDED = ("done", "skipped", "removed")
 
 
-def line(name: str, status: str, rows: int, estimate: int, meter: RateMeter) -> str:
-    """``public.t  running  120,000 / 250,000 rows  48.0%  21,000 rows/s  ETA 6s``."""
-    pct = "100%" if status == "done" else f"{100 * rows / estimate:.1f}%" if estimate else "-"
+def line(
+    name: str,
+    status: str,
+    rows: int,
+    estimate: int,
+    meter: RateMeter,
+    source: str | None = STATISTICS,
+) -> str:
+    """``public.t  running  120,000 / 250,000 rows  48.0%  21,000 rows/s  ETA 6s``; against
+    an estimate from the table's size ``/ ~250,000 rows  ~48.0%``; without any estimate
+    ``120,000 / ? rows  -`` and no ETA (never a percentage of nothing)."""
+    pct = show_percent(status, rows, estimate, source)
     rate = meter.rate
     speed = "-" if rate is None else f"{rate:,.0f} rows/s"
-    eta = "0s" if status == "done" else duration(meter.eta(rows, estimate))
-    return f"{name}  {status}  {rows:,} / {estimate:,} rows  {pct}  {speed}  ETA {eta}"
+    left = meter.eta(rows, estimate) if source is not None else None
+    eta = "0s" if status == "done" else duration(left)
+    shown = f"{rows:,}" if status == "done" else show_estimate(estimate, source)
+    return f"{name}  {status}  {rows:,} / {shown} rows  {pct}  {speed}  ETA {eta}"
 
 
 class _Bars:
@@ -39,24 +58,37 @@ class _Bars:
         self.out = out
         self.bars: dict[str, Any] = {}
 
-    def show(self, name: str, status: str, rows: int, estimate: int, meter: RateMeter) -> None:
+    def show(
+        self, name: str, status: str, rows: int, estimate: int, meter: RateMeter, source: str | None
+    ) -> None:
+        """A bar against the estimate (``~`` before the total when it comes from the table's
+        size); without an estimate, or once rows pass it, no bar and no percentage: the rows,
+        the rate."""
         from tqdm import tqdm
 
+        known = source is not None and estimate > rows
+        total = max(rows, 1) if status == "done" else estimate if known else None
+        approx = "~" if source == SIZE and status != "done" else ""
         bar = self.bars.get(name)
         if bar is None:
             bar = self.bars[name] = tqdm(
-                total=max(estimate, rows, 1),
+                total=total,
                 desc=name,
                 unit="rows",
                 unit_scale=True,
                 position=len(self.bars),
                 file=self.out,
                 dynamic_ncols=True,
-                bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} rows{postfix}",
             )
-        bar.total = max(estimate, rows, 1) if status != "done" else max(rows, 1)
+        bar.total = total
+        bar.bar_format = (
+            f"{{desc}} {approx}{{percentage:3.0f}}%|{{bar}}| {{n_fmt}}/{approx}{{total_fmt}} "
+            "rows{postfix}"
+            if total is not None
+            else "{desc} {n_fmt} rows (no estimate){postfix}"
+        )
         bar.n = rows if status != "done" else bar.total
-        rate, eta = meter.rate, meter.eta(rows, estimate)
+        rate, eta = meter.rate, meter.eta(rows, estimate) if known else None
         speed = "-" if rate is None else f"{rate:,.0f} rows/s"
         bar.set_postfix_str(f"{status}, {speed}, ETA {duration(eta)}", refresh=False)
         bar.refresh()
@@ -107,17 +139,18 @@ def follow(
                 entry = state.tables.get(name, {"status": "pending"})
                 status = str(entry["status"])
                 rows, estimate = int(entry.get("rows") or 0), int(entry.get("estimate") or 0)
+                source = estimate_source(entry)
                 meter = meters.setdefault(name, RateMeter())
                 meter.add(now, rows)
                 if status in ENDED:
                     ended.append(name)
                 if bars is not None:
-                    bars.show(name, status, rows, estimate, meter)
+                    bars.show(name, status, rows, estimate, meter, source)
                     continue
                 last = shown.get(name)
                 again = last is not None and status not in ENDED and now - last[1] >= every
                 if last is None or last[0] != status or again:
-                    out.write(line(name, status, rows, estimate, meter) + "\n")
+                    out.write(line(name, status, rows, estimate, meter, source) + "\n")
                     out.flush()
                     shown[name] = (status, now)
             if len(ended) == len(tables):

@@ -61,9 +61,11 @@ class SinkStats:
 
 @dataclass
 class TableSnapshot:
-    """Per table of an incremental snapshot: rows emitted (``r``), the estimate
-    (``pg_class.reltuples``), rows dropped because the stream changed them in their window,
-    bytes read (the text form of the chunks' values), and the rate over recent chunks."""
+    """Per table of an incremental snapshot: rows emitted (``r``), the estimate of its rows
+    and where it comes from (:func:`cdcd.source.snapshot.row_estimate`: ``"statistics"``,
+    ``"size"``, None when nothing is known), rows dropped because the stream changed them in
+    their window, bytes read (the text form of the chunks' values), and the rate over recent
+    chunks."""
 
     status: str = "pending"
     rows: int = 0
@@ -72,10 +74,16 @@ class TableSnapshot:
     chunks: int = 0
     bytes: int = 0
     meter: RateMeter = field(default_factory=RateMeter)
+    estimated_from: str | None = "statistics"
+
+    @property
+    def known(self) -> bool:
+        """Whether there is an estimate to measure progress against."""
+        return self.estimated_from is not None and self.estimate > 0
 
     def eta(self) -> float | None:
         """Seconds left at the current rate (None: unknown)."""
-        return self.meter.eta(self.rows, self.estimate)
+        return self.meter.eta(self.rows, self.estimate) if self.known else None
 
 
 @dataclass

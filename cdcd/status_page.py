@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from cdcd.lsn import format_lsn
+from cdcd.progress_rate import estimate_source, show_estimate, show_percent
 
 if TYPE_CHECKING:
     from cdcd.stats import Stats
@@ -81,7 +82,13 @@ def collect(s: Stats) -> dict[str, Any]:
         "snapshot_rows": snapshot_rows,
         "tables": {t: tables[t] for t in sorted(tables)},
         "snapshots": {
-            t: {"status": p.status, "rows": p.rows, "estimate": p.estimate, "dropped": p.dropped}
+            t: {
+                "status": p.status,
+                "rows": p.rows,
+                "estimate": p.estimate,
+                "estimated_from": p.estimated_from,
+                "dropped": p.dropped,
+            }
             for t, p in sorted(s.snapshots.items())
         },
         "sinks": sinks,
@@ -124,9 +131,7 @@ def _recreated(info: dict[str, Any] | None) -> str:
 
 
 def _percent(p: dict[str, Any]) -> str:
-    if p["status"] == "done":
-        return "100%"
-    return f"{min(99.9, 100 * p['rows'] / p['estimate']):.1f}%" if p["estimate"] else "-"
+    return show_percent(p["status"], p["rows"], p["estimate"], estimate_source(p))
 
 
 def render(data: dict[str, Any]) -> bytes:
@@ -183,7 +188,8 @@ def render(data: dict[str, Any]) -> bytes:
     )
     snapshots = "".join(
         f"<tr><td>{e(table)}</td><td>{e(p['status'])}</td>"
-        f'<td class="n">{p["rows"]:,}</td><td class="n">{p["estimate"]:,}</td>'
+        f'<td class="n">{p["rows"]:,}</td>'
+        f'<td class="n">{show_estimate(p["estimate"], estimate_source(p))}</td>'
         f'<td class="n">{_percent(p)}</td><td class="n">{p["dropped"]:,}</td></tr>'
         for table, p in data.get("snapshots", {}).items()
     )

@@ -40,6 +40,7 @@ from cdcd.config import Config
 from cdcd.decoder.events import TupleData
 from cdcd.errors import ConfigError, TransientSourceError
 from cdcd.lsn import format_lsn
+from cdcd.progress_rate import estimate_source
 from cdcd.snapshot.chunk_size import ChunkSizer
 from cdcd.snapshot.signals import KEY_ENV, REMEMBERED, signal_key, verify
 from cdcd.snapshot.watermarks import (
@@ -99,12 +100,14 @@ _POLL_SECONDS = 2.0
 def _log_progress(name: str, progress: TableSnapshot) -> None:
     """Rows done / estimated, bytes, rate and ETA of one table's snapshot."""
     rate, eta = progress.meter.rate, progress.eta()
+    known = progress.estimated_from is not None and progress.estimate > 0
     log.info(
         "incremental snapshot progress",
         table=name,
         rows=progress.rows,
-        estimate=progress.estimate,
-        percent=round(100 * progress.rows / progress.estimate, 1) if progress.estimate else None,
+        estimate=progress.estimate if progress.estimated_from is not None else None,
+        estimated_from=progress.estimated_from,
+        percent=min(99.9, round(100 * progress.rows / progress.estimate, 1)) if known else None,
         bytes=progress.bytes,
         rows_per_s=None if rate is None else round(rate),
         eta_s=None if eta is None else round(eta),
@@ -166,7 +169,13 @@ class IncrementalState:
     def request(self, tables: list[str]) -> None:
         """Snapshot ``tables`` (again) from their first key."""
         for name in tables:
-            self.tables[name] = {"status": "pending", "last_key": None, "rows": 0, "estimate": None}
+            self.tables[name] = {
+                "status": "pending",
+                "last_key": None,
+                "rows": 0,
+                "estimate": None,
+                "estimated_from": None,
+            }
         self.save()
 
     def pending(self) -> list[str]:
@@ -527,22 +536,29 @@ class IncrementalSnapshot:
         if problem is not None:
             self._skipped(name, entry, problem)
             return
-        estimate = await control.run(row_estimate, table.relation.oid)
         if entry["status"] == "pending":
+            estimate, source = await control.run(row_estimate, table)
             entry["status"] = "running"
-            entry["estimate"] = max(int(estimate), 0)
+            entry["estimate"] = estimate
+            entry["estimated_from"] = source
             self.state.save()
         key_names = tuple(str(r[0]) for r in key_cols)
         rows_done = int(entry["rows"])
         last_key = entry["last_key"]
+        source = estimate_source(entry)
         log.info(
             "incremental snapshot of table",
             table=name,
-            estimate=entry["estimate"],
+            estimate=entry["estimate"] if source is not None else None,
+            estimated_from=source,
             resumed_after=last_key,
         )
         progress = self.stats.snapshots[name] = TableSnapshot(
-            "running", rows_done, int(entry["estimate"] or 0), bytes=int(entry.get("bytes") or 0)
+            "running",
+            rows_done,
+            int(entry["estimate"] or 0),
+            bytes=int(entry.get("bytes") or 0),
+            estimated_from=source,
         )
         cfg = self.config.snapshot
         started = last_log = described = time.monotonic()

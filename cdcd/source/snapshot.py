@@ -342,12 +342,42 @@ async def primary_key(conn: Any, oid: int) -> list[Any]:
     return list(await conn.fetch(_KEY_SQL, oid))
 
 
-async def row_estimate(conn: Any, oid: int) -> int:
-    """The planner's row count of table ``oid`` (``pg_class.reltuples``; -1 before the first
-    VACUUM or ANALYZE on 14+, read as 0)."""
-    return max(
-        int(await conn.fetchval("SELECT reltuples::int8 FROM pg_class WHERE oid = $1", oid)), 0
+async def row_estimate(conn: Any, table: SnapshotTable) -> tuple[int, str | None]:
+    """How many rows ``table`` holds, and where that comes from: the planner's count
+    (``pg_class.reltuples``, ``"statistics"``); for a table never vacuumed nor analysed
+    (reltuples -1 on 14+), its size (its partitions' for a partitioned table) over the width of
+    a sample of its first rows (``"size"``: dead rows and free space count as rows, so it
+    errs high); ``(0, None)`` when neither says anything (rows in no block read)."""
+    oid = table.relation.oid
+    reltuples = float(await conn.fetchval(_RELTUPLES_SQL, oid))
+    if reltuples >= 0:
+        return int(reltuples), "statistics"
+    blocks, block_size = await conn.fetchrow(_BLOCKS_SQL, oid)
+    if not blocks:
+        return 0, "size"
+    rel = table.relation
+    width = await conn.fetchval(
+        f"SELECT avg(pg_column_size(s.*)) FROM (SELECT * FROM "
+        f"{quote_ident(rel.namespace)}.{quote_ident(rel.name)} LIMIT {_SAMPLE_ROWS}) s"
     )
+    if not width:
+        return 0, None
+    # a heap tuple: the row as a composite datum (its header included), a line pointer, and
+    # alignment to 8 bytes; a page: its 24-byte header
+    per_block = (int(block_size) - 24) // (math.ceil((float(width) + 4) / 8) * 8)
+    return int(blocks) * max(per_block, 1), "size"
+
+
+_RELTUPLES_SQL = "SELECT reltuples::float8 FROM pg_class WHERE oid = $1"
+_BLOCKS_SQL = """
+SELECT ((pg_relation_size($1::oid::regclass) + coalesce((
+            SELECT sum(pg_relation_size(relid)) FROM pg_partition_tree($1::oid::regclass)
+            WHERE isleaf AND relid <> $1::oid::regclass), 0))
+        / current_setting('block_size')::int8)::int8,
+       current_setting('block_size')::int8
+"""
+#: rows whose width stands for the table's when it has no statistics
+_SAMPLE_ROWS = 1000
 
 
 def chunk_sql(

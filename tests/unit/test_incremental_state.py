@@ -38,6 +38,7 @@ def test_a_signal_is_taken_once(tmp_path: Path) -> None:
         "last_key": None,
         "rows": 0,
         "estimate": None,
+        "estimated_from": None,
     }
 
 

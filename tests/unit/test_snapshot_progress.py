@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from cdcd import status_page
 from cdcd.config.loading import parse_config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
+from cdcd.health import Health
 from cdcd.progress_rate import RateMeter, duration
 from cdcd.snapshot.incremental import IncrementalState
 from cdcd.snapshot_command import status
 from cdcd.snapshot_follow import follow, line
+from cdcd.stats import Stats, TableSnapshot
 
 
 def test_rate_over_the_window_and_eta() -> None:
@@ -29,8 +32,8 @@ def test_rate_over_the_window_and_eta() -> None:
         meter.add(t, 100 + 10 * (t - 1))
     assert meter.rate == pytest.approx(10)
     assert meter.eta(390, 1000) == pytest.approx(61)
-    # estimate reached or exceeded (reltuples is an estimate): nothing left
-    assert meter.eta(1200, 1000) == 0
+    # estimate reached or exceeded (reltuples is an estimate): how much is left is unknown
+    assert meter.eta(1200, 1000) is None
     # no estimate (never analyzed: reltuples -1 is stored as 0): unknown
     assert meter.eta(390, 0) is None
 
@@ -95,7 +98,8 @@ def test_follow_off_a_terminal_prints_lines_until_done(tmp_path: Path) -> None:
             daemon.request(["public.t", "public.u"])
         elif step > 2:
             t = daemon.tables["public.t"]
-            t.update(status="running", estimate=100_000, rows=min(100_000, t["rows"] + 5000))
+            t.update(status="running", estimate=100_000, estimated_from="statistics")
+            t["rows"] = min(100_000, t["rows"] + 5000)
             if t["rows"] == 100_000:
                 t["status"] = "done"
             daemon.tables["public.u"]["status"] = "skipped" if step > 5 else "running"
@@ -114,7 +118,7 @@ def test_follow_off_a_terminal_prints_lines_until_done(tmp_path: Path) -> None:
     )
     lines = out.getvalue().splitlines()
     assert lines[0] == "waiting for the daemon to take the request (is it running?)"
-    assert lines[1].startswith("public.t  pending  0 / 0 rows")
+    assert lines[1].startswith("public.t  pending  0 / ? rows  -")
     t_lines = [x for x in lines if x.startswith("public.t  running")]
     # a line every 2 s (4 polls) while running, at 10,000 rows/s: ETA from rows left
     assert [x.split("  ", 2)[2] for x in t_lines] == [
@@ -128,7 +132,7 @@ def test_follow_off_a_terminal_prints_lines_until_done(tmp_path: Path) -> None:
         "public.t  done  100,000 / 100,000 rows  100%  10,000 rows/s  ETA 0s"
     ]
     assert [x for x in lines if x.startswith("public.u  skipped")] == [
-        "public.u  skipped  0 / 0 rows  -  0 rows/s  ETA ?"
+        "public.u  skipped  0 / ? rows  -  0 rows/s  ETA ?"
     ]
     assert lines[-1].startswith("not snapshotted: public.u (skipped or removed")
     assert code == EXIT_FAILURE
@@ -164,3 +168,72 @@ def test_status_shows_bytes_rate_and_eta(tmp_path: Path) -> None:
         "public.t  running        40000      100000  40.0%   3.00MB    12,000  5s",
         "public.u  done               7           5   100%    0.00B         -  -",
     ]
+
+
+def test_without_statistics_no_percentage_is_made_up(tmp_path: Path) -> None:
+    """A table never analysed: its estimate from the size is marked ``~``; with none at all,
+    rows and rate only, in ``cdcd snapshot status``, ``--follow``, the metrics and the page."""
+    daemon = IncrementalState(tmp_path, "s")
+    daemon.tables = {
+        "public.sized": {
+            "status": "running",
+            "rows": 106_000,
+            "estimate": 400_000,
+            "estimated_from": "size",
+            "last_key": ["1"],
+            "rows_per_s": 10_000,
+        },
+        "public.blind": {
+            "status": "running",
+            "rows": 106_000,
+            "estimate": 0,
+            "estimated_from": None,
+            "last_key": ["1"],
+            "rows_per_s": 10_000,
+        },
+    }
+    daemon.save()
+    out = io.StringIO()
+    assert status(_config(tmp_path), out) == EXIT_OK  # type: ignore[arg-type]
+    lines = out.getvalue().splitlines()
+    assert lines[1].split() == [
+        "public.sized",
+        "running",
+        "106000",
+        "~400000",
+        "~26.5%",
+        "0.00B",
+        "10,000",
+        "29s",
+    ]
+    assert lines[2].split() == [
+        "public.blind",
+        "running",
+        "106000",
+        "?",
+        "-",
+        "0.00B",
+        "10,000",
+        "?",
+    ]
+    assert lines[3].startswith("~: estimated from the table's size")
+    meter = RateMeter()
+    meter.add(0.0, 0)
+    meter.add(1.0, 106_000)
+    assert line("public.blind", "running", 106_000, 0, meter, None) == (
+        "public.blind  running  106,000 / ? rows  -  106,000 rows/s  ETA ?"
+    )
+    assert line("public.sized", "running", 106_000, 400_000, meter, "size") == (
+        "public.sized  running  106,000 / ~400,000 rows  ~26.5%  106,000 rows/s  ETA 3s"
+    )
+    stats = Stats(name="shop", slot="s")
+    stats.snapshots["public.blind"] = TableSnapshot("running", rows=5, estimated_from=None)
+    stats.snapshots["public.sized"] = TableSnapshot(
+        "running", rows=5, estimate=10, estimated_from="size"
+    )
+    text = Health(stats).render("/metrics")[1].decode()
+    assert 'cdcd_snapshot_rows_estimated{table="public.blind"}' not in text
+    assert 'cdcd_snapshot_estimate_from_size{table="public.sized"} 1.0' in text
+    page = status_page.render(status_page.collect(stats)).decode()
+    assert '<td class="n">?</td><td class="n">-</td>' in page
+    assert '<td class="n">~10</td><td class="n">~50.0%</td>' in page
