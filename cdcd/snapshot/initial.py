@@ -31,16 +31,22 @@ from typing import Any, Protocol
 
 import structlog
 
-from cdcd.assembler.transaction import Transaction
+from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.config import Config
-from cdcd.decoder.events import TupleData
+from cdcd.decoder.events import Truncate, TupleData
 from cdcd.events.encoder import Encoder
 from cdcd.lsn import format_lsn, unix_to_pg_us
 from cdcd.sinks.base import Sink
 from cdcd.sinks.retry import retrying
 from cdcd.source import open_sql
 from cdcd.source.catalog import LiveCatalog
-from cdcd.source.snapshot import TableChunk, copy_chunk, published_tables, table_chunks
+from cdcd.source.snapshot import (
+    SnapshotTable,
+    TableChunk,
+    copy_chunk,
+    published_tables,
+    table_chunks,
+)
 from cdcd.stats import Stats
 
 log = structlog.get_logger("cdcd.snapshot")
@@ -180,6 +186,35 @@ async def _open_at_snapshot(config: Config, source: Any, snapshot_name: str) -> 
     return conn
 
 
+async def _resets(
+    tables: Sequence[SnapshotTable],
+    catalog: LiveCatalog,
+    encoder: Encoder,
+    point: int,
+    commit_time: int,
+) -> list[Any]:
+    """The reset of every table (``op: "t"``, ``source.snapshot: "reset"``, as
+    :mod:`cdcd.pipeline.recreate` emits for a recreated slot) at the head of a snapshot taken
+    again: ``(point - 1, 0..)``, before its rows. An earlier attempt's rows sit at its own,
+    earlier slot's point, so consumers drop them (rows deleted since included) and keep
+    this attempt's."""
+    records = []
+    for table in tables:
+        rel = table.relation
+        await catalog.on_relation(rel)
+        records.append(ChangeRecord(point - 1, Truncate(None, 0, (rel.oid,)), (rel,)))
+    reset = Transaction(
+        kind="reset",
+        xid=0,
+        commit_lsn=point - 1,
+        end_lsn=point,
+        commit_time=commit_time,
+        size=len(records),
+        _records=records,
+    )
+    return list(encoder.events(reset))
+
+
 async def initial_snapshot(
     config: Config,
     source: Any,
@@ -289,6 +324,18 @@ async def initial_snapshot(
                     stats.count(table, op, n)
 
             await each_sink("begin", lambda sink: sink.begin(txn))
+            if plan.reset:  # an earlier attempt's rows may be in the sinks: forget them first
+                resets = await _resets(tables, catalog, encoder, point, commit_time)
+                seq = len(resets)
+                await each_sink("write", lambda sink: sink.write(resets))
+                stats.events += seq
+                for table, op, n in encoder.take_counts():
+                    stats.count(table, op, n)
+                log.warning(
+                    "the earlier initial snapshot did not finish: every published table is "
+                    "reset first, so that consumers forget its rows",
+                    tables=len(tables),
+                )
             described = None
             for index, chunk in enumerate(chunks):
                 relation = chunk.table.relation

@@ -179,6 +179,9 @@ class SnapshotPlan:
         self.name = name
         self.consistent_point = consistent_point
         self.state = state
+        #: an earlier attempt did not finish, and its rows may be in the sinks: the snapshot
+        #: first resets every table (consumers forget them, deleted rows included)
+        self.reset = False
 
     async def close(self) -> None:
         await self.client.close()
@@ -281,7 +284,8 @@ class Source:
         info = await slots.slot_info(conn, src.slot)
         state = SnapshotState(self.config.snapshot.state_dir, src.slot)
         wants_snapshot = self.config.snapshot.mode in ("initial", "initial_only")
-        if info is not None and wants_snapshot and state.running():
+        redo = wants_snapshot and state.running()  # an earlier attempt did not finish
+        if info is not None and redo:
             log.warning(
                 "the previous initial snapshot did not finish and cannot be resumed; dropping "
                 "the slot and snapshotting again",
@@ -318,6 +322,7 @@ class Source:
             if wants_snapshot:
                 state.start()  # before the slot exists: a crash from here on snapshots again
                 plan = await self.create_slot_with_snapshot(state)
+                plan.reset = redo
             else:
                 await self.create_slot()
             try:

@@ -17,7 +17,7 @@ from cdcd.config import load_config
 from cdcd.pipeline.service import Pipeline
 from cdcd.sinks.memory import MemorySink
 from cdcd.source.snapshot import SnapshotState
-from tests.e2e import checked_events, run_cdcd, start_cdcd, write_config
+from tests.e2e import apply_events, checked_events, run_cdcd, start_cdcd, write_config
 from tests.pgharness import PgDatabase
 
 pytestmark = [pytest.mark.pg, pytest.mark.timeout(120)]
@@ -110,3 +110,41 @@ def test_a_slot_made_before_without_a_key_is_refused(pg_db: PgDatabase, tmp_path
     run = run_cdcd("run", "--config", str(cfg), "--endpos", check=False)
     assert run.returncode == 3, run.stderr
     assert "cdcd slot drop" in run.stderr + run.stdout
+
+
+async def test_a_redone_initial_snapshot_resets_the_tables_first(
+    pg_db: PgDatabase, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An initial snapshot interrupted after its rows reached the sinks is taken again on a new
+    slot; rows deleted in between must not stay in the consumers' copy (ghosts): the second
+    attempt first resets every table (``op: "t"``, ``source.snapshot: "reset"``)."""
+    pg_db.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);"
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 300) g"
+    )
+    cfg = write_config(tmp_path, pg_db.dsn, snapshot="initial")
+    original = SnapshotState.finish
+
+    def crash(self: SnapshotState, consistent_point: int) -> None:
+        raise Crash("killed once every row was durable, before the snapshot was recorded")
+
+    monkeypatch.setattr(SnapshotState, "finish", crash)
+    with pytest.raises(Crash):
+        await Pipeline(load_config(cfg)).run()
+    monkeypatch.setattr(SnapshotState, "finish", original)
+    first = checked_events(tmp_path / "out", "public.t")
+    assert len([e for e in first if e["op"] == "r"]) == 300
+    pg_db.execute("DELETE FROM t WHERE id <= 50")  # gone before the second attempt
+    run_cdcd("run", "--config", str(cfg), "--endpos")
+    events = checked_events(tmp_path / "out", "public.t")
+    resets = [e for e in events if e["op"] == "t"]
+    assert [e["source"]["snapshot"] for e in resets] == ["reset"]
+    later = [
+        e
+        for e in events
+        if (e["source"]["commit_lsn"], e["source"]["seq"])
+        > (resets[0]["source"]["commit_lsn"], resets[0]["source"]["seq"])
+    ]
+    assert sorted(e["after"]["id"] for e in later if e["op"] == "r") == list(range(51, 301))
+    rebuilt = sorted(r["id"] for r in apply_events(events))
+    assert rebuilt == list(range(51, 301))  # no ghost of the deleted rows
