@@ -61,7 +61,7 @@ def keep_unused_modules_out() -> None:
     """Keep numpy and pandas out of the daemon. pyarrow (the Parquet sink) imports numpy when
     it is installed, and pandas the first time it converts a Python sequence (``pa.array``: is
     it a pandas object?): about 17 and 31 MB of RSS that cdcd never uses, enough to take a
-    Parquet sink past ``buffer.memory_limit`` + 150 MB (README "Memory"). Refused, pyarrow
+    Parquet sink past ``buffer.memory_limit`` + 150 MB (docs/guarantees.md). Refused, pyarrow
     carries on without them, as where they are not installed (the container image)."""
     if os.environ.get(ALLOW_NUMPY_ENV) == "1":
         return

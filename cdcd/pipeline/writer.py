@@ -335,7 +335,7 @@ class Writer:
     ) -> Iterator[Sequence[ChangeEvent]]:
         """The events of ``txn`` in batches: a chunk of an incremental snapshot (rows of one
         table) as :class:`~cdcd.events.snapshot_run.SnapshotRun` s, whose records the JSON
-        Lines writer makes in one call (README "Compiled fast paths"), as the initial snapshot
+        Lines writer makes in one call (docs/development.md), as the initial snapshot
         does; any other from the encoder (the same events either way)."""
         if txn.kind != "snapshot":
             yield from self._encoder.batches(txn, cursor=cursor, last=last)

@@ -55,7 +55,7 @@ def test_a_second_signal_ends_a_busy_process() -> None:
 
 def test_cdcd_run_keeps_numpy_and_pandas_out() -> None:
     """pyarrow would load numpy at import and pandas at its first conversion (~50 MB of RSS,
-    README "Memory"); ``CDCD_ALLOW_NUMPY=1`` lets them load."""
+    docs/guarantees.md); ``CDCD_ALLOW_NUMPY=1`` lets them load."""
     script = textwrap.dedent(
         """
         import sys
