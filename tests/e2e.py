@@ -382,13 +382,11 @@ async def consume_prefix(
     """Every record of every topic named ``<prefix>.*`` (call it once the producer is done),
     by topic, each topic's records sorted by (partition, offset): read from the beginning until
     at least ``count`` records arrived, then on until the topics stay quiet for a second (so
-    extra records show). AssertionError if fewer than ``count`` arrive within ``timeout``.
-
-    Not bounded by the end offsets: tansu 0.6 answers ListOffsets(latest) with the last
-    batch's base offset + 1, not the high watermark."""
+    extra records show). AssertionError if fewer than ``count`` arrive within ``timeout``."""
     import asyncio
 
     from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
@@ -397,8 +395,16 @@ async def consume_prefix(
     records: dict[str, list[KafkaRecord]] = {}
     try:
         topics = sorted(t for t in await consumer.topics() if t.startswith(prefix + "."))
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            described = await admin.describe_topics(topics) if topics else []
+        finally:
+            await admin.close()
         parts = [
-            TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t))
+            TopicPartition(t["topic"], p["partition"])
+            for t in described
+            for p in sorted(t["partitions"], key=lambda p: p["partition"])
         ]
         records = {t: [] for t in topics}
         if parts:

@@ -1,4 +1,4 @@
-"""Fixtures for integration tests that need a Kafka-protocol broker (see tests/kafkaharness.py)."""
+"""Fixtures for integration tests that need Apache Kafka (see tests/kafkaharness.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from tests.kafkaharness import KafkaBroker
 
 @pytest.fixture(scope="session")
 async def kafka_broker() -> AsyncIterator[KafkaBroker]:
-    """One broker for the session (tansu, or ``$CDCD_TEST_KAFKA_BOOTSTRAP``). Tests use their own
-    topic prefixes; tests that stop or restart a broker use ``restartable_kafka_broker``."""
+    """One broker for the session, so one per xdist worker (a JVM takes seconds to start), or
+    ``$CDCD_TEST_KAFKA_BOOTSTRAP``. Tests use their own topic prefixes; tests that stop or
+    restart a broker use ``restartable_kafka_broker``."""
     broker = await KafkaBroker.launch()
     try:
         yield broker
@@ -21,12 +22,13 @@ async def kafka_broker() -> AsyncIterator[KafkaBroker]:
 
 
 @pytest.fixture
-async def restartable_kafka_broker() -> AsyncIterator[KafkaBroker]:
-    """A private tansu broker this test may stop and start (skipped with an external broker)."""
-    broker = await KafkaBroker.launch()
-    if not broker.can_restart:
+async def restartable_kafka_broker(kafka_broker: KafkaBroker) -> AsyncIterator[KafkaBroker]:
+    """The session's broker, for a test that stops, starts or restarts it (skipped with an
+    external broker). Tests of a worker run one at a time, so the outage touches no other
+    test; afterwards the broker is running and reachable again."""
+    if not kafka_broker.can_restart:
         pytest.skip("an external broker ($CDCD_TEST_KAFKA_BOOTSTRAP) cannot be restarted")
     try:
-        yield broker
+        yield kafka_broker
     finally:
-        await broker.close()
+        await kafka_broker.heal()

@@ -1,5 +1,5 @@
 """Crash safety with the Kafka sink: the real ``cdcd`` daemon, a real PostgreSQL, a real
-Kafka-protocol broker (tansu behind a proxy, :mod:`tests.kafkaharness`), a random workload
+Apache Kafka broker (behind a proxy, :mod:`tests.kafkaharness`), a random workload
 (:class:`tests.integration.test_crash_safety.Workload`, which counts what it commits), and real
 faults:
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
-from aiokafka.protocol.fetch import FetchRequest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from cdcd.lsn import parse_lsn
 from tests.e2e import KafkaRecord, consume_prefix, position, rebuild, run_cdcd, write_config
@@ -85,7 +85,6 @@ def make_config(
         {
             "type": "kafka",
             "bootstrap_servers": broker.bootstrap,
-            "idempotence": broker.supports_idempotence,
             **kafka,
         }
     ]
@@ -168,17 +167,15 @@ async def read_kafka(broker: KafkaBroker, name: str, workload: Workload) -> dict
 
 
 async def high_watermarks(broker: KafkaBroker, topics: list[str]) -> dict[str, int]:
-    """The broker's high watermark of each topic's partition 0, asked on its private port (so
-    also while clients are kept out by :meth:`KafkaBroker.stop`). Fetch answers it correctly;
-    tansu's ListOffsets does not."""
-    marks: dict[str, int] = {}
-    for topic in topics:
-        request = FetchRequest(100, 1, 1 << 20, 0, [(topic, [(0, 0, 1 << 20)])])
-        response = (await broker._direct(request)).to_object()
-        ((partition,),) = [t["partitions"] for t in response["topics"]]
-        assert partition["error_code"] == 0, (topic, partition)
-        marks[topic] = partition["highwater_offset"]
-    return marks
+    """The high watermark of each topic's partition 0, asked on the brokers' internal
+    listeners (so also while clients are kept out by :meth:`KafkaBroker.stop`)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker.direct_bootstrap)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([TopicPartition(topic, 0) for topic in topics])
+    finally:
+        await consumer.stop()
+    return {tp.topic: offset for tp, offset in ends.items()}
 
 
 async def wait_until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:

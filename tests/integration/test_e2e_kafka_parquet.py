@@ -2,8 +2,8 @@
 server, a real Kafka-protocol broker) -> JSON Lines files, Parquet files and Kafka topics.
 
 One cdcd run writes the same workload to a ``file`` sink (jsonl, ``out-jsonl``), a ``file`` sink
-(parquet, ``out-parquet``) and a ``kafka`` sink (``idempotence: false``: tansu has no
-InitProducerId; a unique ``name``, so topic prefix, per test). Then each is read back with an
+(parquet, ``out-parquet``) and a ``kafka`` sink (its defaults: an idempotent producer,
+``acks: all``; a unique ``name``, so topic prefix, per test). Then each is read back with an
 independent client (:mod:`tests.e2e`: pyarrow, aiokafka's consumer) and checked against the JSON
 Lines events, which :mod:`tests.integration.test_e2e_files` proves against the source:
 
@@ -73,7 +73,6 @@ def kafka_sink(broker: KafkaBroker, **options: Any) -> dict[str, Any]:
     return {
         "type": "kafka",
         "bootstrap_servers": broker.bootstrap,
-        "idempotence": broker.supports_idempotence,
         **options,
     }
 
@@ -354,7 +353,6 @@ async def test_unreachable_bootstrap_gives_up(pg_db: PgDatabase, tmp_path: Path)
     sink = {
         "type": "kafka",
         "bootstrap_servers": bootstrap,
-        "idempotence": False,
         "give_up_after": "3s",
     }
     cfg = write_config(tmp_path, pg_db.dsn, sinks=[sink], name=unique_name())

@@ -339,7 +339,6 @@ async def test_promotion_with_kafka(tmp_path: Path, pair: PgPair, kafka_broker: 
     kafka = {
         "name": name,
         "bootstrap_servers": kafka_broker.bootstrap,
-        "idempotence": kafka_broker.supports_idempotence,
     }
     failover_run(tmp_path, pair, kill_cdcd=True, planned=False, kafka=kafka)
     files = list(all_events(tmp_path / "out"))

@@ -1,4 +1,5 @@
-"""KafkaSink against a real Kafka-protocol broker (tansu, or $CDCD_TEST_KAFKA_BOOTSTRAP).
+"""KafkaSink against Apache Kafka (tests/kafkaharness.py, or $CDCD_TEST_KAFKA_BOOTSTRAP), with the
+sink's defaults (idempotent producer, ``acks: all``) unless a test says otherwise.
 
 Records are read back with an independent AIOKafkaConsumer from the beginning of each topic.
 """
@@ -103,7 +104,6 @@ def context(name: str) -> SinkContext:
 
 
 def make_sink(broker: KafkaBroker, name: str, **options: Any) -> KafkaSink:
-    options.setdefault("idempotence", broker.supports_idempotence)
     config = KafkaSinkConfig(bootstrap_servers=broker.bootstrap, **options)
     return KafkaSink(config, context(name))
 
@@ -266,15 +266,6 @@ async def test_per_key_order_across_partitions(kafka_broker: KafkaBroker, runs: 
     assert seen == written
 
 
-async def test_idempotence_rejected_by_broker_is_a_clear_error(kafka_broker: KafkaBroker) -> None:
-    if kafka_broker.supports_idempotence:
-        pytest.skip("this broker supports idempotent producers")
-    sink = make_sink(kafka_broker, unique_name(), idempotence=True)
-    with pytest.raises(DefiniteSinkError, match="idempotence: false"):
-        await sink.start()
-    await sink.close()
-
-
 async def test_oversized_record_is_definite_and_not_acknowledged(kafka_broker: KafkaBroker) -> None:
     name = unique_name()
     sink = make_sink(kafka_broker, name, max_request_size=4096)
@@ -308,9 +299,10 @@ async def test_oversized_record_is_definite_and_not_acknowledged(kafka_broker: K
 async def test_broker_outage_blocks_then_resumes(
     restartable_kafka_broker: KafkaBroker, request_timeout: str, restart: bool
 ) -> None:
-    """The broker goes away for 5 s while transactions are written. 2s request timeout:
-    batches expire meanwhile and the sink replays them; 30s: aiokafka's own retries carry them
-    over. With ``restart`` the broker process restarts and loses what it held before."""
+    """The broker goes away for 5 s while transactions are written, past a 2 s request
+    timeout or within a 30 s one: the idempotent producer retries its batches (it never lets
+    one expire while the partition has a leader) and nothing is durable meanwhile. With
+    ``restart`` the broker's JVM is killed and started again on its log directories."""
     broker = restartable_kafka_broker
     name = unique_name()
     sink = make_sink(
@@ -345,9 +337,7 @@ async def test_broker_outage_blocks_then_resumes(
     finally:
         await sink.close()
 
-    expected = {e.position for _, events in later for e in events}
-    if not restart:
-        expected |= {e.position for e in e1}
+    expected = {e.position for _, events in later for e in events} | {e.position for e in e1}
     records = await consume(broker.bootstrap, [f"{name}.public.orders"], len(expected))
     positions = {
         (
@@ -372,7 +362,6 @@ async def test_unreachable_at_start_gives_up(kafka_broker: KafkaBroker) -> None:
 
     config = KafkaSinkConfig(
         bootstrap_servers=f"127.0.0.1:{free_port()}",
-        idempotence=False,
         give_up_after="3s",
         retry_backoff="200ms",
         request_timeout="1s",
@@ -402,7 +391,6 @@ async def test_encoder_events_round_trip(kafka_broker: KafkaBroker) -> None:
     sink = KafkaSink(
         KafkaSinkConfig(
             bootstrap_servers=kafka_broker.bootstrap,
-            idempotence=kafka_broker.supports_idempotence,
             topic_prefix=name,
         ),
         CONTEXT,

@@ -107,7 +107,6 @@ async def test_peak_rss_within_memory_limit(
                 "type": "kafka",
                 "bootstrap_servers": kafka_broker.bootstrap,
                 "topic_prefix": prefix,
-                "idempotence": kafka_broker.supports_idempotence,
             }
         ]
     config = write_config(tmp_path, pg_db.dsn, sinks=sinks)

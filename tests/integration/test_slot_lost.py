@@ -474,7 +474,6 @@ async def test_recreate_with_kafka(
         {
             "type": "kafka",
             "bootstrap_servers": kafka_broker.bootstrap,
-            "idempotence": kafka_broker.supports_idempotence,
         }
     )
     cfg.write_text(yaml.safe_dump(data))

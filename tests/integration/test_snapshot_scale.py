@@ -281,7 +281,6 @@ async def test_kafka_rows_emitted_again_after_kill_9(
     sink = {
         "type": "kafka",
         "bootstrap_servers": kafka_broker.bootstrap,
-        "idempotence": kafka_broker.supports_idempotence,
     }
     cfg = write_config(tmp_path, pg_db.dsn, sinks=[sink], name=name, snapshot="incremental")
     run = await asyncio.to_thread(_scenario, pg_db, tmp_path, rows, cfg)

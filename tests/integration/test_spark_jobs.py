@@ -330,7 +330,6 @@ async def test_kafka_records(spark: Any, workload: Workload, kafka_broker: Kafka
             {
                 "type": "kafka",
                 "bootstrap_servers": kafka_broker.bootstrap,
-                "idempotence": kafka_broker.supports_idempotence,
             }
         ],
     )

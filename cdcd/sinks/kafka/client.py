@@ -201,7 +201,7 @@ def translate_error(
         return DefiniteSinkError(
             f"kafka: the broker at {bootstrap} rejected the idempotent producer "
             f"(InitProducerId failed: {exc!r}); set `idempotence: false` in the kafka sink "
-            "for brokers without idempotent producers (e.g. tansu)"
+            "for brokers without idempotent producers"
         )
     if isinstance(
         exc, kerrors.KafkaTimeoutError | kerrors.KafkaConnectionError | TimeoutError | OSError
