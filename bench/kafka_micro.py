@@ -7,7 +7,7 @@ Usage::
 
 The captured pgoutput stream (see ``bench/pipeline_micro.py``) is decoded and assembled first,
 outside the measurement; then its events are built and handed to a :class:`KafkaSink` writing
-to a fresh tansu broker (``bench.run.kafka_broker``), as the daemon's writer does (``begin``,
+to a fresh Apache Kafka broker (``bench.run.kafka_broker``), as the daemon's writer does (``begin``,
 ``write`` per batch of 1,000, ``commit``, ``flush``). Printed: this process's CPU seconds per
 row for that part (event encoding, key and headers, partitioning, batches, compression,
 aiokafka's send path), and wall time. The broker runs in its own process and is not counted.
@@ -87,7 +87,6 @@ async def drain(bootstrap: str, txns: list, options: dict) -> tuple[int, float, 
     config = KafkaSinkConfig(
         bootstrap_servers=bootstrap,
         topic_prefix=f"kmicro{time.monotonic_ns()}",
-        idempotence=False,
         **options,
     )
     sink = KafkaSink(config, context)

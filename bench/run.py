@@ -27,7 +27,8 @@ starts a cluster with the test harness's settings, then for each workload:
                             changes, no event objects)
    ``cdcd_jsonl``           file sink, JSON Lines
    ``cdcd_parquet``         file sink, Parquet
-   ``cdcd_kafka``           Kafka sink to a fresh tansu broker (idempotence off)
+   ``cdcd_kafka``           Kafka sink to a fresh Apache Kafka broker (the sink's defaults:
+                            idempotent producer, ``acks: all``)
    ``debezium_null``        W1, W2 and S1: Debezium's PostgreSQL connector (pgoutput) in its
                             embedded engine, JSON records counted and discarded
    ``debezium_kafka``       W1, W2: the same, each record produced to a fresh broker
@@ -488,7 +489,6 @@ def cdcd_sinks(setup: Setup, contender: str, out: Path) -> list[dict[str, Any]]:
                 "type": "kafka",
                 "bootstrap_servers": setup.kafka.bootstrap,
                 "topic_prefix": f"bench{os.getpid()}{setup.workload.name.lower()}",
-                "idempotence": False,
             }
         ]
     raise ValueError(contender)
@@ -1013,12 +1013,13 @@ def wait_confirmed(
 
 @contextlib.contextmanager
 def kafka_broker() -> Any:
-    """A fresh tansu broker, clients connecting to it directly (no test proxy in between)."""
-    from tests.kafkaharness import KafkaBroker, free_port
+    """A fresh Apache Kafka broker (tests/kafkaharness.py, the JVM options for throughput),
+    clients connecting to it directly (no test proxy in between)."""
+    from tests.kafkaharness import BENCH_JVM_OPTIONS, KafkaBroker
 
-    port = free_port()
-    broker = KafkaBroker(bootstrap=f"127.0.0.1:{port}", _internal_port=port)
-    asyncio.run(broker._spawn())
+    broker = asyncio.run(
+        KafkaBroker.launch(jvm_options=BENCH_JVM_OPTIONS, external_ok=False, proxy=False)
+    )
     try:
         yield broker
     finally:

@@ -233,11 +233,13 @@ class KafkaBroker:
         jvm_options: tuple[str, ...] = TEST_JVM_OPTIONS,
         settings: dict[str, str] | None = None,
         external_ok: bool = True,
+        proxy: bool = True,
     ) -> KafkaBroker:
         """Use ``$CDCD_TEST_KAFKA_BOOTSTRAP`` if set (and ``external_ok``), else start
         ``brokers`` nodes. ``scram_users``: name -> password (SCRAM-SHA-256 and -512) on a
         ``SASL_PLAINTEXT`` listener (and ``SASL_SSL`` with ``tls``); ``settings``: more
-        server properties."""
+        server properties; ``proxy`` False: clients connect to the nodes directly (bench/;
+        no ``stop``/``start``)."""
         external = os.environ.get(ENV_BOOTSTRAP)
         if external and external_ok:
             await wait_for_metadata(external)
@@ -247,8 +249,8 @@ class KafkaBroker:
             _Node(
                 node_id=i + 1,
                 folder=folder / f"node{i + 1}",
-                client_port=free_port(),
-                proxy_port=free_port(),
+                client_port=(port := free_port()),
+                proxy_port=free_port() if proxy else port,
                 internal_port=free_port(),
                 controller_port=free_port(),
                 sasl_port=free_port() if scram_users is not None else 0,
@@ -277,7 +279,8 @@ class KafkaBroker:
                 broker._format(node, cluster_id, scram_users)
             started = time.monotonic()
             for node in nodes:
-                node.proxy = _Proxy(node.proxy_port, node.client_port)
+                if proxy:
+                    node.proxy = _Proxy(node.proxy_port, node.client_port)
                 broker._spawn(node)
             await broker.start()
             broker.started_in = time.monotonic() - started
@@ -398,7 +401,9 @@ class KafkaBroker:
         if home:
             java = str(Path(home) / "bin" / "java")
         if java is None:
-            raise RuntimeError("no java on PATH (Apache Kafka 4 needs Java 17+): scripts/setup --test")
+            raise RuntimeError(
+                "no java on PATH (Apache Kafka 4 needs Java 17+): scripts/setup --test"
+            )
         return [java, *self.jvm_options, "-cp", f"{jar_dir('kafka')}/*"]
 
     def _format(self, node: _Node, cluster_id: str, scram_users: dict[str, str] | None) -> None:
@@ -458,8 +463,8 @@ class KafkaBroker:
     async def start(self) -> None:
         """Let clients reach the cluster (again); return once it answers."""
         for node in self._require_local():
-            assert node.proxy is not None
-            await node.proxy.open()
+            if node.proxy is not None:
+                await node.proxy.open()
         await self.wait_ready()
 
     async def wait_ready(self, brokers: int | None = None) -> None:
@@ -474,7 +479,8 @@ class KafkaBroker:
     async def stop(self) -> None:
         """Take the cluster away from clients: cut connections, refuse new ones."""
         for node in self._require_local():
-            assert node.proxy is not None
+            if node.proxy is None:
+                raise RuntimeError("launched with proxy=False: clients cannot be kept out")
             await node.proxy.close()
 
     async def restart(self) -> None:
@@ -546,7 +552,7 @@ class KafkaBroker:
 
 async def _main() -> None:
     """Run one node in the foreground until interrupted (for bench/ and by hand)."""
-    broker = await KafkaBroker.launch(jvm_options=BENCH_JVM_OPTIONS, external_ok=False)
+    broker = await KafkaBroker.launch(jvm_options=BENCH_JVM_OPTIONS, external_ok=False, proxy=False)
     print(f"Apache Kafka at {broker.bootstrap} (started in {broker.started_in:.1f}s)", flush=True)
     try:
         await asyncio.Event().wait()

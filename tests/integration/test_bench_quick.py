@@ -2,7 +2,7 @@
 and the Debezium contender on W1 (200 rows) and S1 (2,000 rows).
 
 Runs the real harness (a real PostgreSQL, pg_recvlogical, the psycopg2 peer, cdcd with every
-sink, a tansu broker; Debezium's embedded engine in a JVM) and checks its JSON: every contender
+sink, an Apache Kafka broker; Debezium's embedded engine in a JVM) and checks its JSON: every contender
 reports each workload, with the same positive number of rows (the harness itself fails a cdcd or
 Debezium contender whose count differs from the workload's), and the commit measured. No timing
 assertion: this only proves the harness works.

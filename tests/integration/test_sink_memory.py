@@ -1,6 +1,6 @@
 """The sinks' own buffers count against ``buffer.memory_limit``.
 
-A real PostgreSQL streams into the Parquet file sink or the Kafka sink (tansu) through
+A real PostgreSQL streams into the Parquet file sink or the Kafka sink (Apache Kafka) through
 ``cdcd run --endpos``, with a small limit; the cdcd process's peak RSS (``wait4``) must stay
 within ``memory_limit + 150 MiB``, in the two shapes that used to pass it (docs/guarantees.md):
 

@@ -15,7 +15,7 @@ Every check compares Spark's rebuilt state with the source table read with SQL, 
 normalised by :func:`tests.e2e.normalize` (numbers as Decimal).
 
 The Kafka path runs cdcd again (its own slot, created before the workload) with the Kafka
-sink into the tansu broker of ``kafka_broker``, consumes the topics with aiokafka and builds
+sink into the Apache Kafka broker of ``kafka_broker``, consumes the topics with aiokafka and builds
 the Spark DataFrame of Kafka records from them.
 """
 
