@@ -5,7 +5,8 @@ The work itself lives in :mod:`cdcd.commands` (``run``, ``check``, ``slot``) and
 module.
 
 Exit codes (README "Running against your database"): 0 done; 2 bad usage or invalid config; 3 a definite source problem
-(:class:`~cdcd.errors.DefiniteSourceError`); 130 interrupted before a handler took over;
+(:class:`~cdcd.errors.DefiniteSourceError`) or a sink that refuses cdcd
+(:class:`~cdcd.errors.SinkSetupError`); 130 interrupted before a handler took over;
 1 anything else. A :class:`~cdcd.errors.CdcdError` that escapes is logged as one line (with its
 traceback only at ``log.level: debug``) and its ``exit_code`` returned.
 """
@@ -43,7 +44,8 @@ by "__": CDCD_SOURCE__DSN, CDCD_LOG__LEVEL=debug, CDCD_SINKS__0__PATH=/data/cdc.
 CDCD_CONFIG names the config file when --config is not given.
 
 exit codes: 0 done, 1 failure, 2 bad usage or invalid config, 3 source problem
-(wal_level, slot lost, publication missing, permission denied)."""
+(wal_level, slot lost, publication missing, permission denied) or a sink that refuses cdcd
+(credentials, permissions, fenced by another cdcd)."""
 
 
 #: ``--endpos`` without an LSN: where the server's WAL ends when cdcd starts

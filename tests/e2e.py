@@ -377,24 +377,36 @@ class KafkaRecord:
 
 
 async def consume_prefix(
-    bootstrap: str, prefix: str, count: int, timeout: float = 60.0
+    bootstrap: str,
+    prefix: str,
+    count: int,
+    timeout: float = 60.0,
+    isolation_level: str = "read_uncommitted",
 ) -> dict[str, list[KafkaRecord]]:
     """Every record of every topic named ``<prefix>.*`` (call it once the producer is done),
     by topic, each topic's records sorted by (partition, offset): read from the beginning until
     at least ``count`` records arrived, then on until the topics stay quiet for a second (so
-    extra records show). AssertionError if fewer than ``count`` arrive within ``timeout``."""
+    extra records show). AssertionError if fewer than ``count`` arrive within ``timeout``.
+    The exactly-once mode's position topic (``<prefix>.cdcd-positions``) is left out."""
     import asyncio
 
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level=isolation_level,
     )
     await consumer.start()
     records: dict[str, list[KafkaRecord]] = {}
     try:
-        topics = sorted(t for t in await consumer.topics() if t.startswith(prefix + "."))
+        topics = sorted(
+            t
+            for t in await consumer.topics()
+            if t.startswith(prefix + ".") and t != f"{prefix}.cdcd-positions"
+        )
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
         await admin.start()
         try:

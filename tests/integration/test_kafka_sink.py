@@ -549,3 +549,117 @@ async def test_broker_away_mid_transaction_nothing_durable(
     for key, seen in positions_by_key(records).items():
         first = sorted(set(seen))
         assert seen[: len(first)] == first, key  # commit order, then maybe a replayed suffix
+
+
+# --- exactly once: Kafka transactions with cdcd's position ----------------------------------
+
+
+async def consume_committed(
+    bootstrap: str, topics: list[str], count: int, timeout: float = 30.0
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """As :func:`consume`, with ``read_committed`` (what an exactly-once consumer reads)."""
+    consumer = AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(records) < count and loop.time() < deadline:
+            for recs in (await consumer.getmany(timeout_ms=300)).values():
+                records.extend(recs)
+        # then a moment more, so that records beyond ``count`` show
+        for recs in (await consumer.getmany(timeout_ms=1000)).values():
+            records.extend(recs)
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def test_exactly_once_resumes_after_an_uncommitted_crash(kafka_broker: KafkaBroker) -> None:
+    """A sink that dies with a Kafka transaction open (no flush) leaves nothing visible to a
+    read_committed consumer; the next one skips what the committed position covers, even
+    inside a transaction cut by a Kafka commit, and everything is there exactly once."""
+    name = unique_name()
+    build = TxnBuilder()
+    txns = [
+        build.next([("c", "orders", {"id": 10 * t + i}) for i in range(3)]) for t in range(6)
+    ]
+    topic = f"{name}.public.orders"
+
+    first = make_sink(kafka_broker, name, exactly_once=True, partitions=2)
+    await first.start()
+    try:
+        for txn, events in txns[:2]:
+            await run_txn(first, txn, events)
+        await first.flush()  # a Kafka commit: transactions 0 and 1
+        assert first.durable_lsn() == txns[1][0].end_lsn
+        txn, events = txns[2]
+        await first.begin(txn)
+        await first.write(events[:2])
+        await first.flush()  # a commit in the middle of transaction 2
+        assert first.durable_lsn() == txns[1][0].end_lsn
+        await first.write(events[2:])
+        await first.commit(txn)
+        await run_txn(first, *txns[3])
+        for _ in range(50):  # sent, not committed: a crash now
+            if first.stats()["records_acked"] + first.stats()["records_sent"] > 12:
+                break
+            await asyncio.sleep(0.05)
+        assert first.durable_lsn() == txns[1][0].end_lsn
+    finally:
+        await first.close()  # no flush: the open Kafka transaction is left behind
+    assert len(await consume_committed(kafka_broker.bootstrap, [topic], 8, timeout=3)) == 8
+
+    second = make_sink(kafka_broker, name, exactly_once=True, partitions=2)
+    await second.start()
+    try:
+        for txn, events in txns[2:]:  # PostgreSQL resends from the confirmed LSN
+            await run_txn(second, txn, events)
+        await second.flush()
+        assert second.durable_lsn() == txns[-1][0].end_lsn
+    finally:
+        await second.close()
+    records = await consume_committed(kafka_broker.bootstrap, [topic], 18)
+    positions = [
+        (orjson.loads(r.value or b"")["source"]["commit_lsn"], r.headers) for r in records
+    ]
+    assert len(positions) == 18
+    written = sorted(e.position for _, events in txns for e in events)
+    assert sorted(
+        (lsn, int(dict(headers)["cdcd.seq"])) for lsn, headers in positions
+    ) == written
+
+
+async def test_exactly_once_fences_the_older_sink(kafka_broker: KafkaBroker) -> None:
+    """A second sink with the same transactional id takes over: the first one's next commit
+    fails with a definite error that says so (exit 3), and its open transaction is aborted."""
+    from cdcd.errors import SinkSetupError
+
+    name = unique_name()
+    build = TxnBuilder()
+    older = make_sink(kafka_broker, name, exactly_once=True)
+    newer = make_sink(kafka_broker, name, exactly_once=True)
+    await older.start()
+    try:
+        t1, e1 = build.next([("c", "orders", {"id": 1})])
+        await run_txn(older, t1, e1)
+        await newer.start()
+        t2, e2 = build.next([("c", "orders", {"id": 2})])
+        with pytest.raises(SinkSetupError, match="fenced") as info:
+            await run_txn(older, t2, e2)
+            await older.flush()
+        assert info.value.exit_code == 3
+        assert older.durable_lsn() == 0
+        await run_txn(newer, t1, e1)
+        await newer.flush()
+    finally:
+        await older.close()
+        await newer.close()
+    records = await consume_committed(kafka_broker.bootstrap, [f"{name}.public.orders"], 1, 5)
+    assert [r.key for r in records] == [b'{"id":1}']

@@ -89,6 +89,26 @@ def test_aiokafka_reads_every_record_back(codec: str, writer: str) -> None:
     assert batch.max_timestamp == max(r[0] for r in RECORDS)
 
 
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_a_transactional_batch_is_aiokafkas_transactional_batch(codec: str) -> None:
+    """In a Kafka transaction (exactly_once) a batch carries the transactional bit, as
+    aiokafka's builder writes it, beside the codec."""
+    batch = new_batch(1 << 20, "python")
+    for ts, key, value, head, seq, tail in RECORDS:
+        count = len(head) + len(tail) + (seq >= 0)
+        batch.append(ts, key, value, encode_headers(head), seq, encode_headers(tail), count)
+    ours = batch.build(CODECS[codec], 4242, 0, 5, True)
+    builder = DefaultRecordBatchBuilder(2, CODECS[codec], 1, 4242, 0, 5, 1 << 20)
+    for offset, (ts, key, value, head, seq, tail) in enumerate(RECORDS):
+        builder.append(offset, ts, key, value, _headers(head, seq, tail))
+    theirs = DefaultRecordBatch(bytes(builder.build()))
+    read = DefaultRecordBatch(ours)
+    assert read.validate_crc() and read.is_transactional and theirs.is_transactional
+    assert read.compression_type == theirs.compression_type
+    if codec == "none":
+        assert ours == bytes(builder.build())
+
+
 @pytest.mark.parametrize("writer", WRITERS)
 def test_a_full_batch_refuses_the_next_record_but_takes_a_first_one_of_any_size(
     writer: str,

@@ -9,9 +9,9 @@ from typing import Any, Literal
 from aiokafka import errors as kerrors
 from aiokafka.helpers import create_ssl_context
 from aiokafka.producer.message_accumulator import BatchBuilder
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
+from cdcd.errors import DefiniteSinkError, SinkSetupError, SinkError, TransientSinkError
 from cdcd.events import SinkContext
 from cdcd.lsn import format_lsn
 from cdcd.sinks.kafka.recordbatch import Record, Where
@@ -50,9 +50,10 @@ class BuiltBatch(BatchBuilder):  # type: ignore[misc]
     into the header) and ``_build()`` (the bytes); this is all of that, for any aiokafka from
     0.8 on (``send_batch``'s contract). One is made per hand-over: a replay builds again."""
 
-    def __init__(self, records: Any, codec: int) -> None:  # no BatchBuilder.__init__: no
-        self._records = records  # aiokafka builder behind it
+    def __init__(self, records: Any, codec: int, transactional: bool = False) -> None:
+        self._records = records  # no BatchBuilder.__init__: no aiokafka builder behind it
         self._codec = codec
+        self._transactional = transactional  # written in a Kafka transaction
         self._state = (-1, -1, -1)
         self._buffer: bytes | None = None
         self._closed = True
@@ -73,7 +74,7 @@ class BuiltBatch(BatchBuilder):  # type: ignore[misc]
 
     def _build(self) -> bytes:
         if self._buffer is None:
-            self._buffer = self._records.build(self._codec, *self._state)
+            self._buffer = self._records.build(self._codec, *self._state, self._transactional)
         return self._buffer
 
     def size(self) -> int:
@@ -117,6 +118,20 @@ class KafkaSinkConfig(BaseModel):
     retry_backoff: Duration = 0.5
     give_up_after: Duration | None = None  # at start: None = retry for ever
     client_id: str | None = None  # default: cdcd-<name>
+    # exactly once: source transactions written in Kafka transactions with cdcd's position
+    exactly_once: bool = False
+    transactional_id: str | None = None  # default: cdcd-<name>
+    transaction_timeout: Duration = 60.0
+    position_topic: str | None = None  # default: <prefix>.cdcd-positions
+
+    @model_validator(mode="after")
+    def _exactly_once_needs_idempotence(self) -> KafkaSinkConfig:
+        if self.exactly_once and (not self.idempotence or self.acks != "all"):
+            raise ValueError(
+                "exactly_once needs the idempotent producer with acks: all "
+                f"(idempotence: {self.idempotence}, acks: {self.acks})"
+            )
+        return self
 
     @field_validator("acks", mode="before")
     @classmethod
@@ -179,12 +194,29 @@ def translate_error(
             f"{at}: raise sinks.kafka.max_request_size and the topic's max.message.bytes "
             f"({exc})"
         )
+    if isinstance(exc, kerrors.TopicAuthorizationFailedError):
+        return SinkSetupError(
+            f"kafka: not authorized for topic {topic!r}{at}: grant the principal WRITE and "
+            f"DESCRIBE (and CREATE, with create_topics) on it ({exc!r})"
+        )
     if isinstance(
-        exc, kerrors.TopicAuthorizationFailedError | kerrors.ClusterAuthorizationFailedError
+        exc,
+        kerrors.ClusterAuthorizationFailedError | kerrors.TransactionalIdAuthorizationFailed,
     ):
-        return DefiniteSinkError(
-            f"kafka: not authorized for topic {topic!r}{at}: grant the principal write "
-            f"(and create, with create_topics) on it ({exc!r})"
+        return SinkSetupError(
+            f"kafka: the broker at {bootstrap} refused the producer ({exc!r}): grant the "
+            "principal WRITE on the topics (idempotent producer) and, with exactly_once, WRITE "
+            "and DESCRIBE on the transactional id"
+        )
+    if isinstance(exc, kerrors.SaslAuthenticationFailed | kerrors.AuthenticationFailedError):
+        return SinkSetupError(
+            f"kafka: authentication to {bootstrap} failed for user {config.sasl_username!r} "
+            f"({config.sasl_mechanism}): check sasl_username and sasl_password ({exc})"
+        )
+    if isinstance(exc, kerrors.ProducerFenced | kerrors.InvalidProducerEpoch):
+        return SinkSetupError(
+            f"kafka: fenced: another producer with this transactional id took over (another "
+            f"cdcd on the same config name and slot?){at}; this one stops ({exc!r})"
         )
     if isinstance(exc, kerrors.UnknownTopicOrPartitionError) and not config.create_topics:
         return DefiniteSinkError(

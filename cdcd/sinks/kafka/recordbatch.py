@@ -4,7 +4,8 @@ Compiled with mypyc (``cdcd/_purepy.py``). The format is Kafka's ("Record Batch"
 protocol documentation): a 61-byte header ::
 
     baseOffset int64 (0)  batchLength int32  partitionLeaderEpoch int32 (-1)  magic int8 (2)
-    crc uint32 (CRC-32C of everything after it)  attributes int16 (codec in bits 0-2)
+    crc uint32 (CRC-32C of everything after it)  attributes int16 (codec in bits 0-2,
+    bit 4 set in a Kafka transaction)
     lastOffsetDelta int32  baseTimestamp int64  maxTimestamp int64  producerId int64
     producerEpoch int16  baseSequence int32  recordCount int32
 
@@ -48,6 +49,7 @@ Where = tuple[int, int, int, str] | str
 HEADER_SIZE: Final = 61
 _HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 _ATTRIBUTES_OFFSET: Final = 21  # the CRC covers the batch from here on
+TRANSACTIONAL: Final = 0x10  # the attributes bit of a batch written in a Kafka transaction
 _CRC: Final = struct.Struct(">I")
 CODECS: Final = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 _SEQ_KEY: Final = b"\x10cdcd.seq"  # keyLength varint (8) and the key of the cdcd.seq header
@@ -167,16 +169,24 @@ class RecordBatch:
         self.count = count + 1
         return True
 
-    def build(self, codec: int, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+    def build(
+        self,
+        codec: int,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        transactional: bool = False,
+    ) -> bytes:
         """The batch as sent: header, records (compressed with ``codec`` when that makes them
-        smaller), CRC. The same records can be built again (a replay)."""
+        smaller), CRC; ``transactional``: part of a Kafka transaction of the producer. The same
+        records can be built again (a replay)."""
         records = bytes(memoryview(self.buffer)[HEADER_SIZE : self.pos])
-        attributes = 0
+        attributes = TRANSACTIONAL if transactional else 0
         if codec != 0:
             compressed = _compress(codec, records)
             if len(compressed) < len(records):
                 records = compressed
-                attributes = codec
+                attributes |= codec
         out = bytearray(HEADER_SIZE)
         out += records
         _HEADER.pack_into(

@@ -81,7 +81,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from cdcd.errors import ConfigError, DefiniteSinkError, SinkError, TransientSinkError
+from cdcd.errors import (
+    ConfigError,
+    DefiniteSinkError,
+    SinkSetupError,
+    SinkError,
+    TransientSinkError,
+)
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.base import Sink, SinkContext, run_events
 from cdcd.sinks.kafka.batches import Batch, Batches
@@ -92,6 +98,7 @@ from cdcd.sinks.kafka.client import (
     compression_available,
     translate_error,
 )
+from cdcd.sinks.kafka.position import TOPIC_CONFIG, Position, read_position
 from cdcd.sinks.kafka.recordbatch import CODECS, Record, Where, encode_headers, record_size
 
 if TYPE_CHECKING:
@@ -141,8 +148,18 @@ class KafkaSink(Sink):
         self._send_lock = asyncio.Lock()  # one of submitter / replay hands batches over
         self._failure: SinkError | None = None
         self._submitter: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._replay_task: asyncio.Task[None] | None = None
         self._stats = {"records_sent": 0, "records_acked": 0, "send_retries": 0, "replays": 0}
+        # exactly once (docs/kafka.md): the window is released only by a Kafka commit
+        self.exactly_once = config.exactly_once
+        self.transactional_id = config.transactional_id or f"cdcd-{context.name}"
+        self.position_topic = config.position_topic or f"{self.prefix}.cdcd-positions"
+        self._resume: Position | None = None  # what Kafka held at the start, until passed
+        self._skip_txn = False  # the current transaction is in Kafka already
+        self._skip_seq = -1  # its events up to this seq are in Kafka already
+        self._position: Position | None = None  # the last event added (exactly once)
+        self._stats["kafka_commits"] = 0
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -159,6 +176,14 @@ class KafkaSink(Sink):
             linger_ms=0,  # the sink lingers itself, before it hands a batch over
             max_batch_size=c.max_batch_size,
             max_request_size=c.max_request_size,
+            **(
+                {
+                    "transactional_id": self.transactional_id,
+                    "transaction_timeout_ms": int(c.transaction_timeout * 1000),
+                }
+                if self.exactly_once
+                else {}
+            ),
         )
 
     async def start(self) -> None:
@@ -192,17 +217,50 @@ class KafkaSink(Sink):
                 delay = min(delay * 2, 10.0)
                 continue
             self._producer, self._admin = producer, admin
+            if self.exactly_once:
+                await self._start_exactly_once()
             self._submitter = asyncio.get_running_loop().create_task(self._submit_loop())
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
             log.info("kafka_connected", bootstrap=self._bootstrap(), prefix=self.prefix)
             return
 
+    async def _start_exactly_once(self) -> None:
+        """Create (or check) the position topic, read what Kafka holds (the producer's start
+        aborted what a previous one left open), open the first Kafka transaction."""
+        assert self._producer is not None
+        await self._prepare_topic(self.position_topic, "the position topic")
+        delay = self.config.retry_backoff
+        while True:
+            try:
+                self._resume = await read_position(
+                    self._client_kwargs(),
+                    self.position_topic,
+                    self.transactional_id.encode(),
+                    int(self.config.request_timeout * 1000),
+                )
+                break
+            except Exception as exc:
+                err = self._translate(exc, topic=self.position_topic, starting=True)
+                if not isinstance(err, TransientSinkError):
+                    raise err from exc
+                log.warning("kafka_position_retry", topic=self.position_topic, error=str(err))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        log.info(
+            "kafka_exactly_once",
+            transactional_id=self.transactional_id,
+            position_topic=self.position_topic,
+            resume=None if self._resume is None else str(self._resume),
+        )
+        await self._producer.begin_transaction()
+
     async def close(self) -> None:
-        for task in (self._replay_task, self._submitter):
+        for task in (self._replay_task, self._submitter, self._watcher):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-        self._submitter = None
+        self._submitter = self._watcher = None
         producer, self._producer = self._producer, None
         admin, self._admin = self._admin, None
         if producer is not None:
@@ -221,11 +279,30 @@ class KafkaSink(Sink):
     async def begin(self, txn: Transaction) -> None:
         self._raise_failure()
         self._batches.txn_counts = {}
+        resume = self._resume
+        if resume is not None:
+            held = resume.holds(txn.commit_lsn)
+            if held == "all":
+                self._skip_txn = True
+                return
+            if held == "part":
+                self._skip_seq = resume.seq  # its BEGIN marker is in Kafka too
+                return
+            self._resume = None
+        if self.exactly_once:
+            self._position = Position(txn.commit_lsn, -1, False)
         if self._markers_for(txn):
             await self._add_marker(txn, "BEGIN")
 
     async def write(self, events: Sequence[ChangeEvent]) -> None:
         self._raise_failure()
+        if self._skip_txn:
+            return
+        if self._skip_seq >= 0:
+            events = [e for e in events if e.seq > self._skip_seq]
+        if self.exactly_once and events:
+            last = events[-1]
+            self._position = Position(last.commit_lsn, last.seq, False)
         batches = self._batches
         batches.record_limit = self.config.buffer_records
         batches.byte_limit = self._buffer_bytes
@@ -248,7 +325,7 @@ class KafkaSink(Sink):
         """A run of small transactions (docs/sinks.md): their records added in one pass, and
         the run durable once all of them are acknowledged. Call by call with
         ``transaction_topic`` (a marker before and after each transaction)."""
-        if self.config.transaction_topic:
+        if self.config.transaction_topic or self._resume is not None:
             await super().write_transactions(run)
             return
         self._raise_failure()
@@ -256,19 +333,39 @@ class KafkaSink(Sink):
         if events:
             await self.write(events)
         self._raise_failure()
-        self._window.append(run[-1][0].end_lsn)
+        last = run[-1][0]
+        if self.exactly_once:
+            seq = events[-1].seq if events and events[-1].commit_lsn == last.commit_lsn else -1
+            self._position = Position(last.commit_lsn, seq, True, last.end_lsn)
+        self._window.append(last.end_lsn)
         self._pump()
 
     async def commit(self, txn: Transaction) -> None:
         self._raise_failure()
+        if self._skip_txn:  # in Kafka already: durable there
+            self._skip_txn = False
+            if not self._window:
+                self._mark_durable(txn.end_lsn)
+            else:
+                self._window.append(txn.end_lsn)
+            return
+        self._skip_seq = -1
+        self._resume = None
         if self._markers_for(txn):
             await self._add_marker(txn, "END")
+        if self.exactly_once:
+            seq = self._position.seq if self._position is not None else -1
+            self._position = Position(txn.commit_lsn, seq, True, txn.end_lsn)
         self._window.append(txn.end_lsn)
         self._pump()
 
     async def flush(self) -> None:
         """Wait until the broker acknowledged every record handed over. After a definite
-        failure, first let what precedes the failing record become durable, then raise."""
+        failure, first let what precedes the failing record become durable, then raise.
+        Exactly once: commit the Kafka transaction."""
+        if self.exactly_once:
+            await self._commit_kafka()
+            return
         self._flushing += 1
         self._batches.wake.set()
         try:
@@ -364,6 +461,9 @@ class KafkaSink(Sink):
             batches.byte_limit = self._buffer_bytes
             if not batches.full():
                 return
+            if self.exactly_once:
+                await self._commit_kafka()
+                continue
             self._changed.clear()
             await self._changed.wait()
 
@@ -403,7 +503,9 @@ class KafkaSink(Sink):
             try:
                 if batch.topic not in self._partitions:
                     await self._learn_topic(batch.topic)
-                built = BuiltBatch(batch.records, CODECS[self.config.compression])
+                built = BuiltBatch(
+                    batch.records, CODECS[self.config.compression], self.exactly_once
+                )
                 future = await self._producer.send_batch(
                     built, batch.topic, partition=batch.partition
                 )
@@ -423,6 +525,29 @@ class KafkaSink(Sink):
             future.add_done_callback(self._on_delivery)
             self._stats["records_sent"] += batch.records.count
             return
+
+    async def _watch(self) -> None:
+        """Say in the log when the broker acknowledged nothing for a while although records
+        wait (``kafka_waiting_for_broker``: the producer keeps retrying them, the pipeline
+        holds once the window is full), and when it acknowledges again."""
+        interval = max(1.0, min(self.config.request_timeout, 10.0))
+        acked, since = self._stats["records_acked"], time.monotonic()
+        waiting = False
+        while True:
+            await asyncio.sleep(interval)
+            now = self._stats["records_acked"]
+            if now != acked or not self._window:
+                if waiting:
+                    log.info("kafka_broker_acknowledging", bootstrap=self._bootstrap())
+                acked, since, waiting = now, time.monotonic(), False
+                continue
+            waiting = True
+            log.warning(
+                "kafka_waiting_for_broker",
+                bootstrap=self._bootstrap(),
+                seconds=round(time.monotonic() - since),
+                window_records=self._batches.window_records,
+            )
 
     async def _prepare_topic(self, topic: str, where: Where) -> None:
         """Create (or check) ``topic`` and learn its partitions, retrying while the broker is
@@ -448,9 +573,11 @@ class KafkaSink(Sink):
         """Create (or check) ``topic``, then remember its partitions."""
         assert self._admin is not None and self._producer is not None
         if self.config.create_topics:
-            response = await self._admin.create_topics(
-                [NewTopic(topic, self.config.partitions, self.config.replication_factor)]
-            )
+            if topic == self.position_topic:
+                new = NewTopic(topic, 1, self.config.replication_factor, topic_configs=TOPIC_CONFIG)
+            else:
+                new = NewTopic(topic, self.config.partitions, self.config.replication_factor)
+            response = await self._admin.create_topics([new])
             for _name, code, *_ in response.topic_errors:
                 if code not in (0, _TOPIC_ALREADY_EXISTS):
                     raise kerrors.for_code(code)(f"creating topic {topic!r}")
@@ -464,7 +591,10 @@ class KafkaSink(Sink):
         self._pump()
 
     def _pump(self) -> None:
-        """Advance the window over acknowledged batches; mark passed transaction ends durable."""
+        """Advance the window over acknowledged batches; mark passed transaction ends durable.
+        Exactly once: only a Kafka commit releases the window (:meth:`_commit_kafka`)."""
+        if self.exactly_once:
+            return
         window = self._window
         moved = False
         while window:
@@ -499,7 +629,9 @@ class KafkaSink(Sink):
             self._changed.set()
 
     async def _replay(self) -> None:
-        """Resend, in order, every batch from the oldest unacknowledged one onward."""
+        """Resend, in order, every batch from the oldest unacknowledged one onward, with a new
+        producer: the failed batch took its sequence numbers with it, so the idempotent
+        producer's next batch of that partition would be out of order for the broker."""
         assert self._producer is not None
         try:
             async with self._send_lock:
@@ -507,7 +639,7 @@ class KafkaSink(Sink):
                 futures = [b.future for b in handed if b.future is not None]
                 await asyncio.gather(*futures, return_exceptions=True)
                 self._stats["replays"] += 1
-                self._partitions.clear()  # the broker may have come back without the topics
+                await self._renew_producer()
                 for batch in handed:
                     batch.future = None
                 for batch in handed:
@@ -518,6 +650,118 @@ class KafkaSink(Sink):
             self._replay_task = None
             self._changed.set()
         self._pump()
+
+    async def _renew_producer(self) -> None:
+        """Replace the producer (its batches failed; with exactly_once its Kafka transaction
+        is aborted by the new one's InitProducerId, which takes the same transactional id),
+        retrying while the broker is unreachable."""
+        old, self._producer = self._producer, None
+        if old is not None:
+            old._message_accumulator.fail_all(kerrors.KafkaError("producer replaced"))
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.stop(), self.config.request_timeout)
+        delay = self.config.retry_backoff
+        while True:
+            producer = self._new_producer()
+            try:
+                await producer.start()
+                if self.exactly_once:
+                    await producer.begin_transaction()
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                err = self._translate(exc, starting=True)
+                if not isinstance(err, TransientSinkError):
+                    self._failure = err
+                    self._changed.set()
+                    raise err from exc
+                log.warning("kafka_unreachable", bootstrap=self._bootstrap(), error=str(err))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            self._producer = producer
+            return
+
+    async def _commit_kafka(self) -> None:
+        """Exactly once: end the Kafka transaction with cdcd's position, so that what was
+        added so far becomes visible to read_committed consumers at once with it, then mark
+        the transactions it completes durable and open the next one. A failed batch, or a
+        failed commit that may pass, aborts it (a new producer) and sends it all again."""
+        self._raise_failure()
+        window = self._window
+        if not any(isinstance(entry, Batch) for entry in window):
+            while window:  # transactions without records: nothing to hold in Kafka
+                entry = window.popleft()
+                assert isinstance(entry, int)
+                self._mark_durable(entry)
+            return
+        if self._position is not None:
+            if self.position_topic not in self._partitions:
+                await self._prepare_topic(self.position_topic, "the position topic")
+            self._batches.add(
+                self.position_topic,
+                int(time.time() * 1000),
+                self.transactional_id.encode(),
+                self._position.encode(),
+                b"",
+                -1,
+                b"",
+                0,
+                "cdcd's position",
+            )
+        batches = self._batches
+        batches.ready.extend(batches.open.values())
+        batches.open.clear()
+        async with self._send_lock:
+            while True:
+                assert self._producer is not None
+                while batches.ready:
+                    await self._submit(batches.ready[0])
+                    batches.ready.popleft()
+                self._raise_failure()
+                handed = [entry for entry in window if isinstance(entry, Batch)]
+                results = await asyncio.gather(
+                    *(b.future for b in handed if b.future is not None), return_exceptions=True
+                )
+                failed = next((r for r in results if isinstance(r, BaseException)), None)
+                if failed is None:
+                    try:
+                        await self._producer.commit_transaction()
+                    except Exception as exc:
+                        # it may have committed at the broker: only a restart, which reads
+                        # the position back, can tell what Kafka holds
+                        err = self._translate(exc, topic=self.position_topic)
+                        if not isinstance(err, SinkSetupError):
+                            err = DefiniteSinkError(
+                                f"kafka: committing the Kafka transaction failed ({err}); "
+                                "cdcd stops, its next start reads back what Kafka holds"
+                            )
+                        self._failure = err
+                        self._changed.set()
+                        raise err from exc
+                    break
+                err = self._translate(failed, topic=handed[0].topic, batch=handed[0])
+                if not isinstance(err, TransientSinkError):
+                    self._failure = err
+                    self._changed.set()
+                    raise err from failed
+                log.warning("kafka_transaction_retry", error=str(err))
+                self._stats["replays"] += 1
+                await self._renew_producer()
+                for batch in handed:
+                    batch.future = None
+                batches.ready.extend(handed)
+            self._stats["kafka_commits"] += 1
+            while window:
+                entry = window.popleft()
+                if isinstance(entry, int):
+                    self._mark_durable(entry)
+                else:
+                    batches.window_records -= entry.records.count
+                    batches.window_bytes -= entry.size
+                    self._stats["records_acked"] += entry.records.count
+            self._changed.set()
+            await self._producer.begin_transaction()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
