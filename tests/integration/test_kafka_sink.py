@@ -587,9 +587,7 @@ async def test_exactly_once_resumes_after_an_uncommitted_crash(kafka_broker: Kaf
     inside a transaction cut by a Kafka commit, and everything is there exactly once."""
     name = unique_name()
     build = TxnBuilder()
-    txns = [
-        build.next([("c", "orders", {"id": 10 * t + i}) for i in range(3)]) for t in range(6)
-    ]
+    txns = [build.next([("c", "orders", {"id": 10 * t + i}) for i in range(3)]) for t in range(6)]
     topic = f"{name}.public.orders"
 
     first = make_sink(kafka_broker, name, exactly_once=True, partitions=2)
@@ -626,14 +624,10 @@ async def test_exactly_once_resumes_after_an_uncommitted_crash(kafka_broker: Kaf
     finally:
         await second.close()
     records = await consume_committed(kafka_broker.bootstrap, [topic], 18)
-    positions = [
-        (orjson.loads(r.value or b"")["source"]["commit_lsn"], r.headers) for r in records
-    ]
+    positions = [(orjson.loads(r.value or b"")["source"]["commit_lsn"], r.headers) for r in records]
     assert len(positions) == 18
     written = sorted(e.position for _, events in txns for e in events)
-    assert sorted(
-        (lsn, int(dict(headers)["cdcd.seq"])) for lsn, headers in positions
-    ) == written
+    assert sorted((lsn, int(dict(headers)["cdcd.seq"])) for lsn, headers in positions) == written
 
 
 async def test_exactly_once_fences_the_older_sink(kafka_broker: KafkaBroker) -> None:

@@ -11,7 +11,7 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.producer.message_accumulator import BatchBuilder
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from cdcd.errors import DefiniteSinkError, SinkSetupError, SinkError, TransientSinkError
+from cdcd.errors import DefiniteSinkError, SinkError, SinkSetupError, TransientSinkError
 from cdcd.events import SinkContext
 from cdcd.lsn import format_lsn
 from cdcd.sinks.kafka.recordbatch import Record, Where

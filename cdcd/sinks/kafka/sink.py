@@ -84,8 +84,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from cdcd.errors import (
     ConfigError,
     DefiniteSinkError,
-    SinkSetupError,
     SinkError,
+    SinkSetupError,
     TransientSinkError,
 )
 from cdcd.lsn import pg_to_unix_us
