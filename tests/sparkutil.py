@@ -44,9 +44,12 @@ def _require_spark() -> None:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local SparkSession (``local[2]``, no UI, 1 shuffle partition: the data is tiny and
-    every partition is a task to schedule; UTC), shared by the test session."""
+    every partition is a task to schedule; UTC) with Delta Lake, the Iceberg catalog
+    ``iceberg``, the Kafka source and S3A (:func:`cdcd.spark.session.session`), shared by the
+    test session (one JVM per xdist worker). The Iceberg catalog's warehouse is a folder of
+    the test session's."""
     _require_spark()
     remote = os.environ.get("CDCD_TEST_SPARK_REMOTE")
     if remote:
@@ -54,9 +57,15 @@ def spark() -> Iterator[Any]:
 
         session = SparkSession.builder.remote(remote).getOrCreate()
     else:
-        from cdcd.spark.session import local_session
+        from cdcd.spark.session import session as spark_session
 
-        session = local_session("cdcd-tests", master="local[2]", memory="512m", partitions=1)
+        session = spark_session(
+            "cdcd-tests",
+            master="local[2]",
+            memory="768m",
+            partitions=1,
+            iceberg_warehouse=str(tmp_path_factory.mktemp("iceberg")),
+        )
     try:
         yield session
     finally:
@@ -71,9 +80,12 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local Spark Connect server for the test session: its ``sc://`` URL."""
+    """A local Spark Connect server for the test session, with the same packages and
+    catalogs as :func:`spark` (the server's own Iceberg warehouse): its ``sc://`` URL."""
     _require_spark()
     import pyspark
+
+    from cdcd.spark.session import jar_conf, table_conf
 
     home = Path(pyspark.__file__).parent
     port = _free_port()
@@ -90,6 +102,8 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "spark.sql.shuffle.partitions=1",
         "spark.sql.session.timeZone=UTC",
         "spark.log.level=ERROR",
+        *(f"{k}={v}" for k, v in jar_conf().items()),
+        *(f"{k}={v}" for k, v in table_conf(str(log.parent / "iceberg")).items()),
     ):
         cmd += ["--conf", conf]
     cmd.append("spark-internal")

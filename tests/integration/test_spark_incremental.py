@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -43,13 +42,13 @@ from cdcd.spark import (
     events_from_files,
     history,
     latest_state,
-    merge_sql,
+    merge_changes,
     read_state,
     stream_files_to_parquet,
 )
 from cdcd.spark import cli as spark_cli
 from cdcd.spark.incremental import BUCKET
-from cdcd.spark.merge import merge_source
+from cdcd.spark.state import current_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -319,69 +318,37 @@ def test_cli_help() -> None:
 # ------------------------------------------------------------------------------ MERGE INTO
 
 
-def test_merge_statement_on_plain_spark(spark: Any, key_changes: Path, tmp_path: Path) -> None:
-    """Plain Spark has no MERGE-capable table: the statement must parse and resolve every
-    column against a real table and fail only because the table format is missing. Its
-    source rows (the batch folded onto the target's rows) are checked by running them."""
-    events = events_from_files(spark, str(key_changes), TABLE)
-    for tombstones, cut in ((False, None), (True, (60, 1))):
-        spark.sql("DROP TABLE IF EXISTS cdcd_merge_target")
-        spark.sql(
-            "CREATE TABLE cdcd_merge_target (id int, note string, n int, _cdc_commit_lsn bigint,"
-            f" _cdc_seq bigint{', _cdc_deleted boolean' if tombstones else ''}) USING parquet"
-            f" LOCATION '{tmp_path / str(tombstones)}'"
-        )
-        source, keys, columns, truncate = merge_source(
-            spark, events, "cdcd_merge_target", tombstones=tombstones
-        )
-        assert truncate is None
-        visible = source.where("NOT _cdc_deleted").select("id", "note", "n")
-        assert rows(visible) == EXPECTED
-        source.createOrReplaceTempView("cdcd_merge_source")
-        sql = merge_sql("cdcd_merge_target", "cdcd_merge_source", keys, columns, cut, tombstones)
-        with pytest.raises(Exception, match="does not support MERGE INTO TABLE"):
-            spark.sql(sql)
-    with pytest.raises(Exception, match="UNRESOLVED_COLUMN"):
-        spark.sql(sql.replace("t.`note` = NULL", "t.`nope` = NULL"))
-    spark.sql("DROP TABLE cdcd_merge_target")
-
-
-DELTA_SCRIPT = """
-import sys
-from pyspark.sql import SparkSession
-from cdcd.spark import events_from_files, merge_changes
-spark = SparkSession.builder.getOrCreate()
-src, table, target = sys.argv[1:4]
-spark.sql(f"CREATE TABLE {target} (id int, note string, n int, _cdc_commit_lsn bigint, "
-          f"_cdc_seq bigint) USING delta")
-events = events_from_files(spark, src, table)
-for lsn in (10, 20, 30, 40, 50):  # one MERGE per transaction, then all of them again
-    merge_changes(spark, events.where(f"source.commit_lsn = {lsn}"), target)
-merge_changes(spark, events, target)
-print(sorted(tuple(r) for r in spark.table(target).select("id", "note", "n").collect()))
-"""
-
-
-@pytest.mark.skipif(
-    not os.environ.get("CDCD_SPARK_DELTA_PACKAGES"),
-    reason="CDCD_SPARK_DELTA_PACKAGES names the Delta package (e.g. io.delta:delta-spark_2.13:4.0.0)",
-)
-def test_merge_into_delta(key_changes: Path, tmp_path: Path) -> None:
-    """The real thing when the Delta jars can be fetched: spark-submit --packages."""
-    import pyspark
-
-    script = tmp_path / "merge.py"
-    script.write_text(textwrap.dedent(DELTA_SCRIPT))
-    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    cmd = [str(submit), "--packages", os.environ["CDCD_SPARK_DELTA_PACKAGES"]]
-    cmd += ["--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension"]
-    cmd += [
-        "--conf",
-        "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
-    ]
-    cmd += ["--conf", f"spark.sql.warehouse.dir={tmp_path / 'wh'}"]
-    cmd += [str(script), str(key_changes), TABLE, "orders_delta"]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == repr(sorted(EXPECTED))
+def test_merge_into_delta_and_iceberg(spark: Any, key_changes: Path, tmp_path: Path) -> None:
+    """``merge_changes`` on real Delta Lake and Iceberg tables. Delta: file by file (the key
+    change of 5 split across the two MERGEs), then every event again (a replay changes
+    nothing); Iceberg: every event at once. Then a truncate and an insert after it."""
+    schema = event_schema(spark, str(key_changes), TABLE)
+    files = sorted(str(p) for p in (key_changes / TABLE).glob("*.jsonl"))
+    events = spark.read.schema(schema).json(files)
+    later = table_folder(
+        tmp_path / "later",
+        [
+            change_event("t", (60, 0), key=None),
+            change_event("c", (70, 0), after={"id": 9, "note": "nine", "n": 9}),
+        ],
+        per_file=10,
+    )
+    after_truncate = events_from_files(spark, str(later.parent), TABLE)
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS iceberg.cdcd_test")
+    spark.sql("DROP TABLE IF EXISTS iceberg.cdcd_test.merge_orders")
+    columns = "id int, note string, n int, _cdc_commit_lsn bigint, _cdc_seq bigint"
+    columns += ", _cdc_deleted boolean"  # tombstones: the delete half of 5's key change
+    delta, iceberg = f"delta.`{tmp_path / 'delta'}`", "iceberg.cdcd_test.merge_orders"
+    spark.sql(f"CREATE TABLE {delta} ({columns}) USING delta")
+    spark.sql(f"CREATE TABLE {iceberg} ({columns}) USING iceberg")
+    for path in files:
+        merge_changes(spark, spark.read.schema(schema).json(path), delta, tombstones=True)
+    assert rows(current_rows(spark.table(delta))) == EXPECTED
+    before = rows(spark.table(delta))
+    merge_changes(spark, events, delta, tombstones=True)
+    assert rows(spark.table(delta)) == before
+    merge_changes(spark, events, iceberg, tombstones=True)
+    assert rows(spark.table(iceberg)) == before
+    for target in (delta, iceberg):
+        merge_changes(spark, after_truncate, target, tombstones=True)
+        assert rows(current_rows(spark.table(target))) == {(9, "nine", 9)}, target
