@@ -514,13 +514,13 @@ class KafkaBroker:
     ) -> None:
         """An ALLOW ACL for ``User:<user>``: ``operation`` (READ, WRITE, CREATE, DESCRIBE,
         IDEMPOTENT_WRITE ...) on ``topic`` (a prefix with ``prefix``) or on the cluster."""
-        from aiokafka.protocol.admin import CreateAclsRequest_v1
+        from aiokafka.protocol.admin import CreateAclsRequest
 
         operations = {"READ": 3, "WRITE": 4, "CREATE": 5, "DESCRIBE": 8, "IDEMPOTENT_WRITE": 12}
         resource = (2, topic) if topic is not None else (4, "kafka-cluster")
         pattern = 4 if prefix else 3  # PREFIXED / LITERAL
-        request = CreateAclsRequest_v1(
-            [(*resource, pattern, f"User:{user}", "*", operations[operation], 3)]
+        request = CreateAclsRequest(
+            *resource, pattern, f"User:{user}", "*", operations[operation], 3
         )
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()

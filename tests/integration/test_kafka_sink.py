@@ -104,7 +104,8 @@ def context(name: str) -> SinkContext:
 
 
 def make_sink(broker: KafkaBroker, name: str, **options: Any) -> KafkaSink:
-    config = KafkaSinkConfig(bootstrap_servers=broker.bootstrap, **options)
+    options.setdefault("bootstrap_servers", broker.bootstrap)
+    config = KafkaSinkConfig(**options)
     return KafkaSink(config, context(name))
 
 

@@ -80,6 +80,7 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kerrors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import create_conn
 
 from cdcd.errors import (
     ConfigError,
@@ -203,6 +204,8 @@ class KafkaSink(Sink):
                 with contextlib.suppress(Exception):
                     await admin.close()
                 err = self._translate(exc, starting=True)
+                if isinstance(err, TransientSinkError):
+                    err = await self._check_login() or err
                 if not isinstance(err, TransientSinkError):
                     raise err from exc
                 waited = time.monotonic() - started
@@ -223,6 +226,35 @@ class KafkaSink(Sink):
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
             log.info("kafka_connected", bootstrap=self._bootstrap(), prefix=self.prefix)
             return
+
+    async def _check_login(self) -> SinkError | None:
+        """The error of a refused SASL login, which aiokafka's bootstrap reports only as
+        "unable to bootstrap": one direct connection to each bootstrap server tells."""
+        c = self.config
+        if not c.security_protocol.startswith("SASL"):
+            return None
+        kwargs = self._client_kwargs()
+        servers = [c.bootstrap_servers] if isinstance(c.bootstrap_servers, str) else []
+        servers = servers or list(c.bootstrap_servers)
+        for server in (s.strip() for entry in servers for s in entry.split(",")):
+            host, _, port = server.rpartition(":")
+            try:
+                conn = await create_conn(
+                    host,
+                    int(port),
+                    request_timeout_ms=kwargs["request_timeout_ms"],
+                    ssl_context=kwargs.get("ssl_context"),
+                    security_protocol=c.security_protocol,
+                    sasl_mechanism=kwargs["sasl_mechanism"],
+                    sasl_plain_username=kwargs["sasl_plain_username"],
+                    sasl_plain_password=kwargs.get("sasl_plain_password"),
+                )
+            except (kerrors.SaslAuthenticationFailed, kerrors.AuthenticationFailedError) as exc:
+                return self._translate(exc, starting=True)
+            except Exception:  # unreachable: that is what the caller reports
+                continue
+            conn.close()
+        return None
 
     async def _start_exactly_once(self) -> None:
         """Create (or check) the position topic, read what Kafka holds (the producer's start
