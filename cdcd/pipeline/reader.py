@@ -17,18 +17,13 @@ call returns at each transaction (or part) released. Every other message (Relati
 logical messages, streaming and two-phase ones, Origin) goes through the loop here, one by one.
 
 A regular transaction is handed to the writer in parts while it arrives (docs/assembler.md,
-"Parts"), except past ``--endpos``, when it is a resend of one queued earlier, or while an
-incremental snapshot's watermark window is open. The first part tells the tracker
-(``handing``); the last is queued like a whole transaction. If the connection drops in the
-middle, the server resends the transaction from its start: the reader counts its changes
-again and drops those it handed already, so the sinks see each change once and the
-transaction goes on where it stopped (docs/progress.md, rule 10).
+"Parts"); :mod:`cdcd.pipeline.parts` decides when, and what to put of each part after a
+reconnect. The last part is queued like a whole transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any, cast
 
 import structlog
@@ -39,8 +34,9 @@ from cdcd.assembler.transaction import Transaction
 from cdcd.config import Config
 from cdcd.decoder import events as ev
 from cdcd.decoder.pgoutput import PgOutputDecoder
-from cdcd.errors import AssemblyError, SpillError
+from cdcd.errors import SpillError
 from cdcd.lsn import format_lsn
+from cdcd.pipeline.parts import Parts
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.writer import Writer
 from cdcd.replication.client import ReplicationClient
@@ -59,15 +55,6 @@ _TWO_PHASE_EVENTS = (
     ev.CommitPrepared,
     ev.RollbackPrepared,
 )
-
-
-@dataclass(slots=True)
-class _Handing:
-    """The transaction being handed to the writer in parts."""
-
-    commit_lsn: int
-    handed: int = 0  # changes put to the writer
-    seen: int = 0  # changes received of it in this session
 
 
 class Reader:
@@ -96,8 +83,8 @@ class Reader:
         self._stop = stop
         self.endpos_reached = False
         self.watermarks = watermarks
-        self._handing: _Handing | None = None
-        assembler.may_part = self._may_part
+        self.parts = Parts(tracker, assembler.confirm_ceiling, endpos=endpos, watermarks=watermarks)
+        assembler.may_part = self.parts.may_part
 
     async def stream(self, client: ReplicationClient) -> None:
         """Stream from ``client`` until ``--endpos`` or a stop request (return) or a failure
@@ -109,17 +96,13 @@ class Reader:
         tracker = self.tracker
         assembler.reset()
         tracker.session_started()
-        if self._handing is not None:  # the server sends it again from its start
-            self._handing.seen = 0
-            if (
-                tracker.handing_lsn is None
-            ):  # unless the slot was recreated (cdcd.pipeline.recreate)
-                log.warning(
-                    "the transaction being handed over in parts is lost with the slot",
-                    commit_lsn=format_lsn(self._handing.commit_lsn),
-                    handed=self._handing.handed,
-                )
-                self._handing = None
+        lost = self.parts.session_started()  # the server sends it again from its start
+        if lost is not None:  # unless the slot was recreated (cdcd.pipeline.recreate)
+            log.warning(
+                "the transaction being handed over in parts is lost with the slot",
+                commit_lsn=format_lsn(lost.commit_lsn),
+                handed=lost.handed,
+            )
         confirmed = tracker.confirmed_lsn
         client.set_positions(written=confirmed, flushed=confirmed)
         await client.start_replication(source.slot, 0, opts.options)
@@ -198,7 +181,7 @@ class Reader:
                             )
                     if txn is None:
                         continue
-                    continued = not txn.ends or self._handing is not None
+                    continued = not txn.ends or self.parts.handing is not None
                     if continued:
                         txn = self._in_parts(txn)
                         if txn is None:
@@ -263,53 +246,18 @@ class Reader:
             f"{exc.strerror or exc} (free disk space or raise buffer.memory_limit)"
         )
 
-    def _may_part(self, commit_lsn: int) -> bool:
-        """May the transaction committing at ``commit_lsn`` be handed over in parts? Not past
-        --endpos (never handed), not a resend of one queued earlier (dropped), not while a
-        watermark window is open (it must see the transaction whole)."""
-        if self.endpos is not None and commit_lsn > self.endpos:
-            return False
-        handing = self._handing
-        if handing is not None and handing.commit_lsn == commit_lsn:
-            return True  # resent after a reconnect: goes on
-        if commit_lsn < self.tracker.last_queued_end:
-            return False
-        return self.watermarks is None or not self.watermarks.window_open
-
     def _in_parts(self, txn: Transaction) -> Transaction | None:
-        """``txn`` is a part of a transaction handed in parts, or comes while one is: what to
-        put of it (None: nothing). Changes handed before a reconnect are dropped."""
-        handing = self._handing
-        if handing is None:  # the first part
-            handing = self._handing = _Handing(txn.commit_lsn)
-            self.tracker.handing(self.assembler.confirm_ceiling() or txn.commit_lsn)
-        elif txn.commit_lsn != handing.commit_lsn:
-            if txn.ends and txn.end_lsn <= self.tracker.last_queued_end:
-                return txn  # a resend of a transaction queued before it: dropped as usual
-            raise AssemblyError(
-                f"the server sent the transaction committing at {format_lsn(txn.commit_lsn)} "
-                "while the one committing at "
-                f"{format_lsn(handing.commit_lsn)}, partly handed to the sinks, was expected "
-                "again (was the slot advanced or replaced?)"
-            )
-        else:
-            txn.begins = txn.begins and handing.handed == 0
-        start = handing.seen
-        handing.seen += txn.size
-        if start == 0 and handing.handed:
+        """What to put of ``txn``, a part of a transaction handed in parts (or one that comes
+        while it is): :meth:`Parts.take`, logging the changes dropped after a reconnect."""
+        handing = self.parts.handing
+        taken, resent = self.parts.take(txn)
+        if resent and handing is not None:
             log.info(
                 "transaction resent after a reconnect: dropping the changes handed before",
                 commit_lsn=format_lsn(handing.commit_lsn),
-                handed=handing.handed,
+                handed=resent,
             )
-        txn.drop_first(handing.handed - start)
-        handing.handed = max(handing.handed, handing.seen)
-        if txn.ends:
-            self._handing = None
-        elif txn.size == 0:
-            txn.release()  # handed before the reconnect
-            return None
-        return txn
+        return taken
 
     def _gauges(self) -> None:
         a = self.assembler
