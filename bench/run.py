@@ -29,6 +29,8 @@ starts a cluster with the test harness's settings, then for each workload:
    ``cdcd_parquet``         file sink, Parquet
    ``cdcd_kafka``           Kafka sink to a fresh Apache Kafka broker (the sink's defaults:
                             idempotent producer, ``acks: all``)
+   ``cdcd_kafka_eos``       the same with ``exactly_once: true`` (Kafka transactions with
+                            cdcd's position, one per flush)
    ``debezium_null``        W1, W2 and S1: Debezium's PostgreSQL connector (pgoutput) in its
                             embedded engine, JSON records counted and discarded
    ``debezium_kafka``       W1, W2: the same, each record produced to a fresh broker
@@ -129,6 +131,7 @@ STREAM_CONTENDERS = (
     "cdcd_jsonl",
     "cdcd_parquet",
     "cdcd_kafka",
+    "cdcd_kafka_eos",
 )
 ALL_CONTENDERS = STREAM_CONTENDERS + SNAPSHOT_CONTENDERS + DEBEZIUM_CONTENDERS
 PUBLICATION = "bench_pub"
@@ -483,12 +486,13 @@ def cdcd_sinks(setup: Setup, contender: str, out: Path) -> list[dict[str, Any]]:
         return [files | {"format": "jsonl"}]
     if contender == "cdcd_parquet":
         return [files | {"format": "parquet"}]
-    if contender == "cdcd_kafka":
+    if contender in ("cdcd_kafka", "cdcd_kafka_eos"):
         return [
             {
                 "type": "kafka",
                 "bootstrap_servers": setup.kafka.bootstrap,
                 "topic_prefix": f"bench{os.getpid()}{setup.workload.name.lower()}",
+                "exactly_once": contender == "cdcd_kafka_eos",
             }
         ]
     raise ValueError(contender)
@@ -906,7 +910,7 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
         return run_pg_recvlogical(setup, slot)
     if contender.startswith("psycopg2_"):
         return run_peer(setup, slot, decode=contender == "psycopg2_pypgoutput")
-    if contender == "cdcd_kafka":
+    if contender in ("cdcd_kafka", "cdcd_kafka_eos"):
         with kafka_broker() as broker:
             setup.kafka = broker
             return run_cdcd(setup, slot, contender)

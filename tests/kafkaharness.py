@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -76,6 +77,18 @@ async def wait_for_metadata(
 ) -> None:
     """Return once the cluster at ``bootstrap`` answers a metadata request listing ``brokers``
     brokers; TimeoutError after ``timeout``."""
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # "Unable connect" on every try until the broker is up
+    try:
+        await _wait_for_metadata(bootstrap, timeout, brokers, client)
+    finally:
+        quiet.setLevel(level)
+
+
+async def _wait_for_metadata(
+    bootstrap: str, timeout: float, brokers: int, client: dict[str, Any]
+) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | str | None = None
     while time.monotonic() < deadline:

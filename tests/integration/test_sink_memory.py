@@ -90,8 +90,11 @@ def peak_rss_run(config: Path, endpos: str) -> tuple[float, str]:
     return peak / 1024, log
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("sink", ["parquet", "kafka"])
+@pytest.mark.parametrize(
+    ("sink", "shape"),
+    [(sink, shape) for sink in ("parquet", "kafka") for shape in sorted(SHAPES)]
+    + [("kafka_eos", "huge")],  # exactly_once: the window waits for a Kafka commit
+)
 async def test_peak_rss_within_memory_limit(
     pg_db: PgDatabase, kafka_broker: KafkaBroker, tmp_path: Path, sink: str, shape: str
 ) -> None:
@@ -107,6 +110,7 @@ async def test_peak_rss_within_memory_limit(
                 "type": "kafka",
                 "bootstrap_servers": kafka_broker.bootstrap,
                 "topic_prefix": prefix,
+                "exactly_once": sink == "kafka_eos",
             }
         ]
     config = write_config(tmp_path, pg_db.dsn, sinks=sinks)
