@@ -15,7 +15,9 @@ Afterwards everything is there: every row in the Parquet files, and for Kafka th
 
 numpy and pandas are installed here (the test extras bring them): ``cdcd run`` keeps them out
 (:func:`cdcd.runtime.keep_unused_modules_out`), without which pyarrow would load them and
-the Parquet runs would peak about 50 MB higher (216 and 231 MiB against 169 and 176).
+the Parquet runs would peak about 50 MB higher (216 and 231 MiB against 169 and 176), and it
+keeps glibc returning large freed blocks (:func:`cdcd.runtime.return_large_blocks`: the TOAST
+run 170-176 MiB without, 160-165 with).
 """
 
 from __future__ import annotations
