@@ -35,6 +35,9 @@ def test_a_signed_signal_is_accepted_for_its_slot_only() -> None:
         (json.dumps({"tables": ["public.t"]}), "unsigned"),  # what cdcd wrote before keys
         (sign(b"another key", "cdcd", ["public.t"]), "does not match"),
     ],
+    # fixed ids: a signed signal holds a random id, and pytest-xdist's workers must collect
+    # the same test names
+    ids=["not-json", "not-an-object", "unsigned", "another-key"],
 )
 def test_unsigned_forged_and_malformed_signals_are_refused(content: bytes | str, why: str) -> None:
     verdict = verify(KEY, "cdcd", content)
