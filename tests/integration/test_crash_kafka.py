@@ -351,3 +351,38 @@ async def test_sigkill_loop_exactly_once(
     log = (tmp_path / "cdcd.log").read_text()
     assert log.count('"event":"kafka_exactly_once"') >= EOS_KILLS, "every start resumed"
     print(f"exactly-once kill loop: {workload.transactions} transactions")
+
+
+async def test_second_daemon_fences_the_first(
+    pg_db: PgDatabase,
+    kafka_broker: KafkaBroker,
+    tmp_path: Path,
+    daemons: Callable[[Path, Path], Daemon],
+) -> None:
+    """``exactly_once: true``, two daemons on one config (so one slot and one transactional
+    id): the newer one's producer fences the older, which exits 3 saying so at its next write;
+    the newer one takes the slot over, and a read_committed consumer sees every change once."""
+    prepare_database(pg_db)
+    name = "fence" + uuid.uuid4().hex[:6]
+    cfg = make_config(tmp_path, pg_db, kafka_broker, name, files=False, exactly_once=True)
+    workload = Workload(pg_db.cluster, pg_db.name, SEED + 13)
+    older = daemons(cfg, tmp_path / "older.log")
+    newer = daemons(cfg, tmp_path / "newer.log")
+    older.start()
+    workload.start()
+    try:
+        await wait_until(lambda: '"event":"streaming"' in older.log(), "the first to stream")
+        newer.start()
+        assert older.proc is not None
+        await wait_until(lambda: older.proc.poll() is not None, "the first to stop", 120)
+        assert older.proc.returncode == 3, older.log()[-4000:]
+        assert "fenced" in older.log(), older.log()[-4000:]
+        await wait_until(lambda: '"event":"streaming"' in newer.log(), "the second to stream")
+        await asyncio.sleep(1)
+        newer.assert_running()
+    finally:
+        await asyncio.to_thread(workload.finish)
+    assert newer.terminate() == 0, newer.log()[-8000:]
+    await asyncio.to_thread(finish, pg_db, cfg, tmp_path / "newer.log")
+    records = await read_kafka(kafka_broker, name, workload, "read_committed")
+    assert check_kafka(pg_db, name, records, workload) == 0
