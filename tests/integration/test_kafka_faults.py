@@ -45,10 +45,10 @@ async def cluster() -> AsyncIterator[KafkaBroker]:
 
 @pytest.fixture(scope="module")
 async def secured() -> AsyncIterator[KafkaBroker]:
-    """SCRAM user ``cdcd`` on a SASL_PLAINTEXT listener; an authorizer, so ``cdcd`` may do
-    only what a test grants it."""
+    """SCRAM user ``cdcd`` on SASL_PLAINTEXT and SASL_SSL listeners (a trustme CA); an
+    authorizer, so ``cdcd`` may do only what a test grants it."""
     broker = await KafkaBroker.launch(
-        scram_users={USER: PASSWORD}, authorizer=True, external_ok=False
+        scram_users={USER: PASSWORD}, tls=True, authorizer=True, external_ok=False
     )
     try:
         yield broker
@@ -258,3 +258,31 @@ async def test_daemon_waits_for_an_unreachable_broker_and_stops_on_sigterm(
     output = log_path.read_text()
     assert code == 0, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
+
+
+async def test_scram_over_tls(secured: KafkaBroker) -> None:
+    """SASL_SSL: TLS checked against ``ssl_cafile``, SCRAM-SHA-512 login; records arrive."""
+    name = unique_name()
+    await secured.grant(USER, "IDEMPOTENT_WRITE")
+    for operation in ("CREATE", "WRITE", "DESCRIBE"):
+        await secured.grant(USER, operation, topic=f"{name}.", prefix=True)
+    sink = make_sink(
+        secured,
+        name,
+        bootstrap_servers=secured.sasl_ssl_bootstrap,
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username=USER,
+        sasl_password=PASSWORD,
+        ssl_cafile=str(secured.ca_file),
+    )
+    await sink.start()
+    try:
+        txn, events = TxnBuilder().next([("c", "orders", {"id": 1}), ("c", "orders", {"id": 2})])
+        await run_txn(sink, txn, events)
+        await sink.flush()
+        assert sink.durable_lsn() == txn.end_lsn
+    finally:
+        await sink.close()
+    records = await consume(secured.bootstrap, [f"{name}.public.orders"], 2)
+    assert sorted(r.key for r in records) == [b'{"id":1}', b'{"id":2}']
