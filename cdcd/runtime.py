@@ -51,7 +51,7 @@ def return_large_blocks() -> None:
     compact transaction) go back to the system when freed. glibc starts that way but raises
     the threshold to the size of each large block freed (up to 32 MiB), after which such
     blocks come from its heap, where what is freed stays in the process: the TOAST workload
-    of ``tests/integration/test_sink_memory.py`` peaked at 171-180 MiB that way, 161-162 with
+    of ``tests/integration/test_sink_memory.py`` peaked at 170-180 MiB that way, 160-165 with
     the threshold fixed (``mallopt(M_MMAP_THRESHOLD)``, which also stops the raising). A
     user's ``MALLOC_MMAP_THRESHOLD_`` wins; without glibc's ``mallopt`` nothing changes."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
