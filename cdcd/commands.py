@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
@@ -18,6 +19,7 @@ from cdcd.errors import (
 )
 from cdcd.lsn import format_lsn, parse_lsn
 from cdcd.replication.client import SlotExists
+from cdcd.snapshot.signals import KEY_ENV, key_path
 from cdcd.source import publication as publications
 from cdcd.source import queries
 from cdcd.source import slot as slots
@@ -112,6 +114,7 @@ async def check_async(config: Config, out: TextIO = sys.stdout) -> int:
             )
         if config.snapshot.mode == "incremental" or config.snapshot.new_tables:
             findings.append(await _watermark_finding(conn, config.snapshot.mode))
+        findings.append(_signal_finding(config))
         info = await slots.slot_info(conn, src.slot)
         if info is None:
             status = OK if src.create_slot else FAIL
@@ -168,6 +171,20 @@ async def _untaken_snapshot_finding(conn: Any, config: Config) -> Finding:
         f"the slot exists and no snapshot was taken: cdcd run backfills every published table "
         f"({len(tables)}) with an incremental snapshot",
     )
+
+
+def _signal_finding(config: Config) -> Finding:
+    """Where the key that signs ``cdcd snapshot --table`` requests comes from
+    (:mod:`cdcd.snapshot.signals`); the key itself is never shown."""
+    snap = config.snapshot
+    if snap.signal_secret():
+        where = "snapshot.signal_key"
+    elif os.environ.get(KEY_ENV):
+        where = KEY_ENV
+    else:
+        path = key_path(snap.state_dir, config.source.slot)
+        where = f"{path}" + ("" if path.exists() else " (made at first use)")
+    return Finding("signals", OK, f"cdcd snapshot --table requests signed with the key in {where}")
 
 
 async def _watermark_finding(conn: Any, mode: str) -> Finding:

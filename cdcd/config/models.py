@@ -258,7 +258,7 @@ class SnapshotConfig(_Model):
     initial_chunk_rows: int = Field(default=100_000, ge=1)
     #: rows per chunk of an incremental snapshot at most: the size adapts below it, and within
     #: a share of buffer.memory_limit (docs/snapshots.md "Backfill speed")
-    chunk_rows: int = Field(default=100_000, ge=1)
+    chunk_rows: int = Field(default=32_768, ge=1)
     #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a
     #: crash may emit again; throughput is at most this many chunks per sink flush interval
     chunks_in_flight: int = Field(default=4, ge=1)

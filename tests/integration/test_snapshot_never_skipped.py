@@ -79,6 +79,7 @@ def test_a_slot_made_before_is_backfilled(pg_db: PgDatabase, tmp_path: Path) -> 
     assert "incremental snapshot" in created, created
     check = run_cdcd("check", "--config", str(cfg), check=False).stdout
     assert "backfills every published table (1)" in check, check
+    assert "requests signed with the key in" in check and "signal-key" in check, check
     pg_db.execute("DELETE FROM t WHERE id <= 10; INSERT INTO t VALUES (1000, 'after')")
     proc = start_cdcd("run", "--config", str(cfg), log_path=tmp_path / "cdcd.log")
     try:
