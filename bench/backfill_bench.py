@@ -47,6 +47,8 @@ from tests.pgharness import PgCluster, PgDatabase, create_database, find_install
 
 TABLE = "public.s1"
 _PY_SPY = ("py-spy", "record", "-r", "200", "-f", "raw")
+#: one new row as load_s1 makes them (``%`` doubled: psycopg2's placeholders)
+_INSERT = "INSERT INTO s1 " + W1_ROWS.replace("%", "%%") + " FROM (SELECT %s::bigint AS g) x"
 
 
 class Writes(threading.Thread):
@@ -71,7 +73,7 @@ class Writes(threading.Thread):
         while not self.stop.is_set():
             op = self.done % 3
             if op == 0:
-                cur.execute(f"INSERT INTO s1 {W1_ROWS} FROM (SELECT %s AS g) x", (next_key,))
+                cur.execute(_INSERT, (next_key,))
                 next_key += 1
             elif op == 1:
                 cur.execute(
