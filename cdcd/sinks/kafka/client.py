@@ -216,7 +216,9 @@ def translate_error(
     if isinstance(exc, kerrors.ProducerFenced | kerrors.InvalidProducerEpoch):
         return SinkSetupError(
             f"kafka: fenced: another producer with this transactional id took over (another "
-            f"cdcd on the same config name and slot?){at}; this one stops ({exc!r})"
+            f"cdcd on the same config name and slot?), or the broker aborted a Kafka "
+            f"transaction open longer than transaction_timeout ({config.transaction_timeout:g}s)"
+            f"{at}; this one stops, a restart resumes from the committed position ({exc!r})"
         )
     if isinstance(exc, kerrors.UnknownTopicOrPartitionError) and not config.create_topics:
         return DefiniteSinkError(
