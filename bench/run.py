@@ -900,7 +900,7 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
         check_checkout(setup.checkout)
     if contender in DEBEZIUM_CONTENDERS:
         if contender == "debezium_kafka":
-            with kafka_broker() as broker:
+            with kafka_broker(setup) as broker:
                 setup.kafka = broker
                 return run_debezium(setup, slot, contender, PUBLICATION)
         return run_debezium(setup, slot, contender, PUBLICATION)
@@ -911,7 +911,7 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
     if contender.startswith("psycopg2_"):
         return run_peer(setup, slot, decode=contender == "psycopg2_pypgoutput")
     if contender in ("cdcd_kafka", "cdcd_kafka_eos"):
-        with kafka_broker() as broker:
+        with kafka_broker(setup) as broker:
             setup.kafka = broker
             return run_cdcd(setup, slot, contender)
     return run_cdcd(setup, slot, contender)
@@ -923,7 +923,7 @@ def run_live(setup: Setup, contenders: list[str]) -> list[Result]:
     check_checkout(setup.checkout)
     with contextlib.ExitStack() as stack:
         if "cdcd_kafka" in contenders:
-            setup.kafka = stack.enter_context(kafka_broker())
+            setup.kafka = stack.enter_context(kafka_broker(setup))
         for contender in contenders:
             if not contender.startswith("cdcd_"):
                 continue
@@ -1016,14 +1016,15 @@ def wait_confirmed(
 
 
 @contextlib.contextmanager
-def kafka_broker() -> Any:
-    """A fresh Apache Kafka broker (tests/kafkaharness.py, the JVM options for throughput),
-    clients connecting to it directly (no test proxy in between)."""
-    from tests.kafkaharness import BENCH_JVM_OPTIONS, KafkaBroker
+def kafka_broker(setup: Setup | None = None) -> Any:
+    """A fresh Apache Kafka broker (tests/kafkaharness.py), clients connecting to it directly
+    (no test proxy in between): the JVM options for throughput, or at the smoke test's tiny
+    sizes (``--scale`` below 0.05) the test suite's, which start in half the time."""
+    from tests.kafkaharness import BENCH_JVM_OPTIONS, TEST_JVM_OPTIONS, KafkaBroker
 
-    broker = asyncio.run(
-        KafkaBroker.launch(jvm_options=BENCH_JVM_OPTIONS, external_ok=False, proxy=False)
-    )
+    quick = setup is not None and setup.scale < 0.05
+    options = TEST_JVM_OPTIONS if quick else BENCH_JVM_OPTIONS
+    broker = asyncio.run(KafkaBroker.launch(jvm_options=options, external_ok=False, proxy=False))
     try:
         yield broker
     finally:
