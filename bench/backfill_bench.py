@@ -17,6 +17,11 @@ updates, deletes of random keys in one statement each). Reported per run:
 
     python -m bench.backfill_bench [--rows N] [--sinks null,jsonl] [--write-rate 0,2000]
                                    [--snapshot chunk_rows=50000,workers=2] [--json FILE]
+                                   [--kills N]
+
+``--kills N``: instead, one run into JSON Lines under the write workload with the daemon killed
+(SIGKILL) N times along the way and started again: ``r`` events per row of the table, whether
+the rebuilt table equals the source, how many confirmed positions the slot showed meanwhile.
 
 The host is shared: note the load next to figures written to bench/results/.
 """
@@ -238,6 +243,88 @@ def backfill(
             shutil.rmtree(work, ignore_errors=True)
 
 
+def killed(db: PgDatabase, rows: int, rate: int, kills: int) -> dict[str, Any]:
+    """The backfill into JSON Lines under the write workload, the daemon killed (SIGKILL)
+    ``kills`` times along the way and started again: ``r`` events over the table's rows, the
+    rebuilt table against the source, and the slot's confirmed positions seen meanwhile."""
+    work = Path(tempfile.mkdtemp(prefix="s2k-"))
+    writes = Writes(db.dsn, rows, rate)
+    state = work / "state" / "s2.incremental.json"
+    confirmed: set[str] = set()
+
+    def table() -> dict[str, Any]:
+        try:
+            return dict(json.loads(state.read_text())["tables"][TABLE])
+        except (FileNotFoundError, KeyError, ValueError):
+            return {}
+
+    def start() -> subprocess.Popen[bytes]:
+        with (work / "cdcd.log").open("ab") as log_file:
+            return subprocess.Popen(
+                _cdcd("run", "--config", str(cfg)), stdout=log_file, stderr=log_file, cwd=REPO
+            )
+
+    try:
+        cfg = _config(db, work, "jsonl", {})
+        proc = start()
+        _wait(lambda: b'"streaming"' in (work / "cdcd.log").read_bytes(), 60, "streaming", proc)
+        writes.start()
+        started = time.monotonic()
+        subprocess.run(
+            _cdcd("snapshot", "--config", str(cfg), "--table", TABLE, "--no-follow"),
+            check=True,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+        )
+        for k in range(1, kills + 1):
+
+            def far(k: int = k) -> bool:
+                lsn = db.fetchval("SELECT confirmed_flush_lsn::text FROM pg_replication_slots")
+                if lsn is not None and table().get("status") == "running":
+                    confirmed.add(str(lsn))
+                return int(table().get("rows") or 0) >= rows * k // (kills + 1)
+
+            _wait(far, 3600, f"kill {k}", proc)
+            proc.kill()
+            proc.wait()
+            proc = start()
+        _wait(lambda: table().get("status") == "done", 3600, "the backfill", proc)
+        seconds = time.monotonic() - started
+        writes.stop.set()
+        writes.join()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        from tests.e2e import checked_events
+        from tests.integration.test_incremental_snapshot import apply_events_lenient
+
+        subprocess.run(_cdcd("run", "--config", str(cfg), "--endpos"), check=True, cwd=REPO)
+        events = checked_events(work / "out", TABLE)
+        reads = [e for e in events if e["op"] == "r"]
+        rebuilt = {r["id"]: (r["qty"], r["name"]) for r in apply_events_lenient(events)}
+        source = {i: (q, n) for i, q, n in db.fetch("SELECT id, qty, name FROM s1")}
+        return {
+            "workload": "S2-kill",
+            "sink": "jsonl",
+            "kills": kills,
+            "write_rate": rate,
+            "writes": writes.done,
+            "rows": rows,
+            "seconds": round(seconds, 2),
+            "r_events": len(reads),
+            "r_events_per_row": round(len(reads) / rows, 3),
+            "rebuilt_equal": rebuilt == source,
+            "confirmed_positions_during": len(confirmed),
+        }
+    finally:
+        writes.stop.set()
+        db.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = 's2' AND NOT active"
+        )
+        if not os.environ.get("S2_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def _rebuilt_equal(db: PgDatabase, cfg: Path, work: Path) -> bool:
     """Catch up, rebuild s1 from its events (deletes of rows never emitted skipped), compare."""
     from tests.e2e import checked_events
@@ -257,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-rate", default="0,2000")
     parser.add_argument("--snapshot", default="", help="snapshot keys, k=v,k=v")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--kills", type=int, default=0, help="a run killed (SIGKILL) N times")
     args = parser.parse_args(argv)
     snapshot = {
         k: yaml.safe_load(v)
@@ -276,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
                 db.execute(f"INSERT INTO s1 {W1_ROWS} FROM generate_series(1, {args.rows}) g")
                 db.execute("VACUUM (FREEZE, ANALYZE) s1")
                 copy = copy_seconds(db)
-                result = backfill(db, args.rows, sink, rate, snapshot)
+                if args.kills:
+                    result = killed(db, args.rows, rate, args.kills)
+                else:
+                    result = backfill(db, args.rows, sink, rate, snapshot)
                 result["copy_rows_per_s"] = round(args.rows / copy)
                 result["ratio_vs_copy"] = round(result["rows_per_s"] * copy / args.rows, 3)
                 result["load_avg"] = os.getloadavg()[0]
