@@ -310,6 +310,7 @@ def killed(db: PgDatabase, rows: int, rate: int, kills: int) -> dict[str, Any]:
             "writes": writes.done,
             "rows": rows,
             "seconds": round(seconds, 2),
+            "rows_per_s_with_kills": round(rows / seconds),
             "r_events": len(reads),
             "r_events_per_row": round(len(reads) / rows, 3),
             "rebuilt_equal": rebuilt == source,
@@ -369,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     result = backfill(db, args.rows, sink, rate, snapshot)
                 result["copy_rows_per_s"] = round(args.rows / copy)
-                result["ratio_vs_copy"] = round(result["rows_per_s"] * copy / args.rows, 3)
+                if "rows_per_s" in result:  # not for a killed run
+                    result["ratio_vs_copy"] = round(result["rows_per_s"] * copy / args.rows, 3)
                 result["load_avg"] = os.getloadavg()[0]
                 print(json.dumps(result), flush=True)
                 results.append(result)
