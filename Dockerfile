@@ -18,7 +18,8 @@
 #   check, slot status, quickstart.
 #
 # The install steps are the ones scripts/setup runs for the README and CI (a venv, then
-# `python -m pip install -q --upgrade pip`, `python -m pip install -q .`, whose build compiles
+# `python -m pip install -q --upgrade pip`, `python -m pip install -q -c constraints.txt .`
+# (the versions the tests ran with), whose build compiles
 # the per-row modules with mypyc, then `python -m cdcd.accel status --strict`), except that
 # the image installs the project non-editable; tests/unit/test_dockerfile.py holds them equal.
 
@@ -40,9 +41,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     PATH=/opt/cdcd/venv/bin:$PATH
 WORKDIR /src
 RUN python -m venv /opt/cdcd/venv
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md constraints.txt ./
 COPY cdcd ./cdcd
-RUN python -m pip install -q --upgrade pip && python -m pip install -q .
+RUN python -m pip install -q --upgrade pip && python -m pip install -q -c constraints.txt .
 # the build compiled them (setup.py); fails unless the installed package runs them compiled
 # (run from / so that /src/cdcd is not the one imported)
 RUN cd / && python -m cdcd.accel status --strict

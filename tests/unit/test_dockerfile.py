@@ -157,11 +157,14 @@ def test_install_commands_are_the_setup_scripts(stages: list[Stage]) -> None:
     setup_pips = pip_commands(setup)
     # if scripts/setup changes how it installs, the Dockerfile must follow
     assert "python -m pip install -q --upgrade pip" in setup_pips
-    assert re.search(r"^\s*python -m pip install -q -e \.\s*$", setup, re.M), setup
+    # both install the versions the tests ran with (constraints.txt)
+    assert re.search(r"^\s*python -m pip install -q -c constraints\.txt -e \.\s*$", setup, re.M), (
+        setup
+    )
     docker_pips = [cmd for run in stages[0].all("RUN") for cmd in pip_commands(run)]
     assert docker_pips == [
         "python -m pip install -q --upgrade pip",
-        "python -m pip install -q .",
+        "python -m pip install -q -c constraints.txt .",
     ], docker_pips
     # pip's build compiles the mypyc modules (setup.py); both then check the form in use
     assert "python -m cdcd.accel status --strict" in setup
@@ -224,6 +227,7 @@ def test_build_context_holds_what_pip_install_needs(stages: list[Stage]) -> None
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["readme"] in sources
     assert "setup.py" in sources  # the build hook that compiles the mypyc modules
+    assert "constraints.txt" in sources  # the pinned versions pip installs
     assert "cdcd" in sources
     assert not _ignored("cdcd/sinks/file/sink.py", patterns)
     for heavy in (".venv/bin/python", ".git/HEAD", "tests/corpus/README.md", "bench/run.py"):
