@@ -71,7 +71,11 @@ wal_mb_per_s, peak_rss_mb, ratio_vs_pg_recvlogical, ratio_vs_psycopg2_pypgoutput
 server_version, plus cpu_seconds, cpu_us_per_row (the contender's CPU per row), runs_seconds,
 streaming, and where they apply p50_ms/p99_ms/max_ms,
 spilled_bytes, memory_limit_mb, rendered (streamed changes whose rows' JSON cdcd made as they
-arrived), and cdcd_commit / cdcd_dirty (the commit measured, and whether
+arrived), fast_paths (``compiled`` or ``pure Python``: cdcd's modules ran compiled or from
+source), broker_cpu_seconds (the Kafka broker's JVM, while a Kafka contender ran),
+kafka_send_retry / kafka_delivery_failed_replaying / kafka_transaction_retry /
+kafka_waiting_for_broker / kafka_unreachable (how often cdcd's log said a produce was retried,
+replayed or got no answer: a timeout-driven wait shows here), and cdcd_commit / cdcd_dirty (the commit measured, and whether
 its ``cdcd/`` had uncommitted changes). ``rows`` counts row changes: the peer's count of I/U/D
 messages, cdcd's events (``CDCD_BENCH_STATS``), and for pg_recvlogical (which writes opaque
 bytes) the count the workload reports. A cdcd contender whose count differs from the workload's
@@ -545,7 +549,16 @@ def check_package(stats: dict[str, Any], checkout: Path, contender: str) -> None
 
 
 #: warnings of cdcd's that a run reports, counted in its log (a W4 run's tail: did the disk stall?)
-COUNTED_LOG_EVENTS = ("file_publish_slow",)
+#: cdcd's log events counted into the results: a slow disk, and a Kafka produce that failed,
+#: was retried or replayed, or got no answer for a while (a timeout-driven wait shows here)
+COUNTED_LOG_EVENTS = (
+    "file_publish_slow",
+    "kafka_send_retry",
+    "kafka_delivery_failed_replaying",
+    "kafka_transaction_retry",
+    "kafka_waiting_for_broker",
+    "kafka_unreachable",
+)
 
 
 def counted_log_events(log_text: str) -> dict[str, int]:
@@ -568,6 +581,7 @@ def cdcd_result(setup: Setup, contender: str, work: Path, m: Measured) -> Result
     stats = orjson.loads((work / "stats.json").read_bytes())
     check_package(stats, setup.checkout, contender)
     extra: dict[str, Any] = {"socket_reads": stats.get("socket_reads")}
+    extra["fast_paths"] = stats.get("fast_paths")  # "pure Python": figures of the source
     extra |= counted_log_events(m.stderr)
     if stats.get("rendered_changes"):  # streamed rows made into JSON as they arrived
         extra["rendered"] = stats["rendered_changes"]
@@ -902,7 +916,7 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
         if contender == "debezium_kafka":
             with kafka_broker(setup) as broker:
                 setup.kafka = broker
-                return run_debezium(setup, slot, contender, PUBLICATION)
+                return with_broker_cpu(broker, run_debezium, setup, slot, contender, PUBLICATION)
         return run_debezium(setup, slot, contender, PUBLICATION)
     if contender in SNAPSHOT_CONTENDERS:
         return run_snapshot(setup, slot, contender)
@@ -913,8 +927,29 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
     if contender in ("cdcd_kafka", "cdcd_kafka_eos"):
         with kafka_broker(setup) as broker:
             setup.kafka = broker
-            return run_cdcd(setup, slot, contender)
+            return with_broker_cpu(broker, run_cdcd, setup, slot, contender)
     return run_cdcd(setup, slot, contender)
+
+
+def with_broker_cpu(broker: Any, run: Callable[..., Result], *args: Any) -> Result:
+    """``run(*args)``, its result with ``broker_cpu_seconds``: the CPU time the broker's JVMs
+    spent meanwhile. On a shared host it tells how much of the wall time the broker took."""
+    before = broker_cpu_seconds(broker)
+    result = run(*args)
+    result.extra["broker_cpu_seconds"] = round(broker_cpu_seconds(broker) - before, 3)
+    return result
+
+
+def broker_cpu_seconds(broker: Any) -> float:
+    """User and system CPU seconds of the broker's node processes so far (``/proc``)."""
+    total = 0.0
+    for node in broker.nodes:
+        if node.proc is None:
+            continue
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{node.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def run_live(setup: Setup, contenders: list[str]) -> list[Result]:
@@ -1088,6 +1123,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{k}={r[k]}"
             for k in (
                 "server_cpu_seconds",
+                "broker_cpu_seconds",
+                *COUNTED_LOG_EVENTS[1:],
                 "p50_ms",
                 "p99_ms",
                 "max_ms",

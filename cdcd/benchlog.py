@@ -38,6 +38,7 @@ from typing import IO, Any
 
 import orjson
 
+from cdcd import accel
 from cdcd.stats import Stats
 
 LATENCY_ENV = "CDCD_LATENCY_LOG"
@@ -109,6 +110,10 @@ def write_stats(stats: Stats, assembler: Any = None) -> None:
         "rendered_changes": assembler.rendered if assembler is not None else 0,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "cdcd_package": os.path.dirname(os.path.abspath(__file__)),
+        # what the reader's "streaming" log line says: whether the compiled modules ran
+        "fast_paths": "compiled"
+        if all(accel.status(imported_only=True).values())
+        else "pure Python",
     }
     with open(path, "wb") as f:
         f.write(orjson.dumps(summary) + b"\n")

@@ -85,6 +85,16 @@ def three_sinks(broker: KafkaBroker, **kafka: Any) -> list[dict[str, Any]]:
     ]
 
 
+#: cdcd's log events of a produce that failed, was retried or replayed, or got no answer
+KAFKA_STALL_EVENTS = (
+    "kafka_send_retry",
+    "kafka_delivery_failed_replaying",
+    "kafka_transaction_retry",
+    "kafka_waiting_for_broker",
+    "kafka_unreachable",
+)
+
+
 async def cdcd(*args: str, check: bool = True) -> Any:
     """The CLI in a thread, so the session's event loop (the broker fixture's) keeps running."""
     return await asyncio.to_thread(run_cdcd, *args, check=check)
@@ -324,7 +334,11 @@ async def test_per_key_order_across_three_partitions(
     for w in workers:
         w.join()
     assert not errors, errors
-    await sync(pg_db, cfg)
+    done = await sync(pg_db, cfg)
+    # a healthy broker: no produce retried, replayed or waited for (a timeout-driven wait
+    # would be one of these; cdcd logs each as a warning)
+    stalls = [event for event in KAFKA_STALL_EVENTS if event in done.stderr]
+    assert not stalls, f"{stalls} on a healthy broker:\n{done.stderr[-4000:]}"
 
     final = dict(pg_db.fetch("SELECT id, n FROM ctr"))
     records = (await consume_prefix(kafka_broker.bootstrap, name, sum(final.values())))[

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
+from cdcd import accel
 from cdcd.benchlog import LATENCY_ENV, STATS_ENV, LatencyLog, write_stats
 from cdcd.sinks.null import NullSink
 from cdcd.stats import Stats
@@ -75,3 +76,6 @@ def test_write_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert summary["rendered_changes"] == 45
     assert summary["socket_reads"] == 7
     assert summary["peak_rss_mb"] > 0
+    # whether the compiled modules ran, as the reader's "streaming" log line says
+    compiled = all(accel.status(imported_only=True).values())
+    assert summary["fast_paths"] == ("compiled" if compiled else "pure Python")
