@@ -117,8 +117,11 @@ class BuildMypyc(build_ext):
         extensions: list[Extension] = mypycify(
             paths, opt_level="3", group_name=PUREPY.COMPILED_GROUP
         )
+        header = f"cdcd/{PUREPY.C_HEADER}"
         for name in PUREPY.C_MODULES:  # hand-written C: compiled as it is
-            extensions.append(Extension(name, [PUREPY.source_path(name)]))
+            extensions.append(
+                Extension(name, [PUREPY.source_path(name)], include_dirs=["cdcd"], depends=[header])
+            )
         return extensions
 
     def _built(self, name: str, inplace: bool) -> Path:

@@ -69,10 +69,20 @@ COMPILED_MODULES: tuple[str, ...] = (
 COMPILED_GROUP = "cdcd.compiled"
 
 #: Hand-written C extensions (dotted names; the source is ``<leaf>.c``), for what neither a
-#: library nor mypyc does fast enough. They have no Python form: where one is not compiled (or
-#: stale, or ``CDCD_PURE_PYTHON`` is set) importing it raises ImportError and its caller takes
-#: the general Python path, which computes the same result (its tests compare the two).
-C_MODULES: tuple[str, ...] = ("cdcd._rowjson",)
+#: library nor mypyc does fast enough, one per job. They have no Python form: where one is not
+#: compiled (or stale, or ``CDCD_PURE_PYTHON`` is set) :func:`c_module` gives None and its
+#: caller takes the general Python path, which computes the same result (its tests compare the
+#: two).
+C_MODULES: tuple[str, ...] = (
+    "cdcd._rowjson",  # a row event's JSON; the initial snapshot's batches of records
+    "cdcd._kafkarec",  # a Kafka record into its record batch (cdcd.sinks.kafka.recordbatch)
+    "cdcd._arrowcols",  # a run's columns as Arrow buffers (cdcd.sinks.file.parquet_columns)
+    "cdcd._xlog",  # the replication stream split into XLogData (cdcd.wire.framing)
+    "cdcd._tupledata",  # a change's TupleData (cdcd.decoder.tuples)
+)
+#: The header the C_MODULES share (beside them in ``cdcd/``): part of each one's source, so an
+#: edit to it makes them stale too.
+C_HEADER = "_cdcd.h"
 
 PURE_ENV = "CDCD_PURE_PYTHON"
 #: Appended to an extension's file name to name its build record.
@@ -83,13 +93,14 @@ class StaleExtensionWarning(RuntimeWarning):
     """A compiled module was built from another source than the ``.py`` file beside it."""
 
 
-def c_function(module: str, name: str) -> Any:
-    """``name`` from the hand-written C extension ``module`` (:data:`C_MODULES`), or None where
-    it is not in use (not built, stale, ``CDCD_PURE_PYTHON``): the caller takes its Python
-    path then, which computes the same."""
+def c_module(name: str) -> Any:
+    """The hand-written C extension ``name`` (:data:`C_MODULES`), or None where it is not in use
+    (not built, stale, ``CDCD_PURE_PYTHON``): the caller takes its Python path then, which
+    computes the same. The one way cdcd loads them."""
+    assert name in C_MODULES, name
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
+        return importlib.import_module(name)
+    except ImportError:
         return None
 
 
@@ -108,7 +119,11 @@ def source_path(name: str) -> str:
 
 
 def source_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The SHA-256 of a module's source: for a C module, its ``.c`` file and :data:`C_HEADER`."""
+    digest = hashlib.sha256(path.read_bytes())
+    if path.suffix == ".c":
+        digest.update((path.parent / C_HEADER).read_bytes())
+    return digest.hexdigest()
 
 
 def build_record(name: str, source: Path) -> str:

@@ -2,7 +2,7 @@
 
 Written to be compiled by mypyc (``python -m cdcd.accel build``) and to run unchanged as plain
 Python when it is not (see :mod:`cdcd.accel`). :func:`parse_tuple` takes the hand-written C
-``cdcd._rowjson.parse_tuple`` where it is in use (about three times as fast: one pass, each
+``cdcd._tupledata.parse_tuple`` where it is in use (about three times as fast: one pass, each
 value written straight into the values tuple), and :func:`parse_tuple_python` otherwise, or
 whenever the C function declines (anything malformed: the Python loop then says what).
 Format (PostgreSQL docs "Logical Replication Message Formats", TupleData)::
@@ -25,7 +25,7 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from cdcd._purepy import c_function
+from cdcd._purepy import c_module
 
 _TEXT: Final = 116  # 't'
 _BINARY: Final = 98  # 'b'
@@ -49,9 +49,10 @@ class BadKind(Exception):
 
 _Parsed = tuple[bytes, tuple[bytes | None, ...], int]
 
-#: cdcd._rowjson.parse_tuple (hand-written C), or None where it is not in use
-_C_PARSE_TUPLE: Final[Callable[[bytes, int], _Parsed | None] | None] = c_function(
-    "cdcd._rowjson", "parse_tuple"
+_TUPLEDATA: Final = c_module("cdcd._tupledata")
+#: cdcd._tupledata.parse_tuple (hand-written C), or None where it is not in use
+_C_PARSE_TUPLE: Final[Callable[[bytes, int], _Parsed | None] | None] = (
+    None if _TUPLEDATA is None else _TUPLEDATA.parse_tuple
 )
 
 

@@ -8,10 +8,10 @@ snapshot, only when a sink asks for rows (:func:`copy_batches`,
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cdcd._purepy import c_module
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import TupleData
@@ -22,12 +22,10 @@ __all__ = ["accounted", "copy_batches", "copy_query", "copy_rows", "count_newlin
 def _count_newlines() -> Callable[[bytes | bytearray], int]:
     """cdcd._rowjson.count_newlines (about four times ``bytes.count`` here), or bytes.count
     where the compiled module is not in use."""
-    try:
-        count: Callable[[bytes | bytearray], int] = importlib.import_module(
-            "cdcd._rowjson"
-        ).count_newlines
-    except ImportError:
+    rowjson = c_module("cdcd._rowjson")
+    if rowjson is None:
         return lambda data: data.count(b"\n")
+    count: Callable[[bytes | bytearray], int] = rowjson.count_newlines
     return count
 
 

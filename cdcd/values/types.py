@@ -45,7 +45,6 @@ converter cache, but RowDecoders already built keep their converters.
 
 from __future__ import annotations
 
-import importlib
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from cdcd._purepy import c_module
 from cdcd.decoder.events import (
     KIND_BINARY,
     KIND_NULL,
@@ -430,16 +430,9 @@ RowJson = Callable[..., "bytes | None"]
 SnapshotLines = Callable[..., "list[bytes] | None"]
 
 
-def _load_rowjson() -> Any:
-    """The module cdcd._rowjson (hand-written C, cdcd/_rowjson.c), or None where it is not in
-    use: its callers then take their Python path, which gives the same bytes."""
-    try:
-        return importlib.import_module("cdcd._rowjson")
-    except ImportError:
-        return None
-
-
-_ROWJSON: Final = _load_rowjson()
+#: The module cdcd._rowjson (hand-written C, cdcd/_rowjson.c), or None where it is not in use:
+#: its callers then take their Python path, which gives the same bytes.
+_ROWJSON: Final = c_module("cdcd._rowjson")
 _c_row_json: Final[RowJson | None] = None if _ROWJSON is None else _ROWJSON.row_json
 #: cdcd._rowjson.event_body, or None: ChangeEvent._body formats row events in Python then.
 C_EVENT_BODY: Final[Callable[..., bytes] | None] = None if _ROWJSON is None else _ROWJSON.event_body

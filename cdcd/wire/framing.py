@@ -18,7 +18,7 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from cdcd._purepy import c_function
+from cdcd._purepy import c_module
 from cdcd.errors import RemoteProtocolError
 
 _HEADER = struct.Struct("!cI")
@@ -31,9 +31,10 @@ _W = ord("w")
 DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
 
 XlogRun = Callable[[bytearray, int, int, int], tuple[list[object], list[int], int]]
-#: cdcd._rowjson.xlog_run (hand-written C), or None where it is not in use: then
+_XLOG_C: Final = c_module("cdcd._xlog")
+#: cdcd._xlog.xlog_run (hand-written C), or None where it is not in use: then
 #: :meth:`MessageReader.next_xlog_run` takes the messages in Python, with the same result
-C_XLOG_RUN: Final[XlogRun | None] = c_function("cdcd._rowjson", "xlog_run")
+C_XLOG_RUN: Final[XlogRun | None] = None if _XLOG_C is None else _XLOG_C.xlog_run
 
 
 class MessageReader:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import cdcd.decoder.tuples as tuples
 from cdcd import accel
-from cdcd._purepy import c_function, examine
+from cdcd._purepy import C_HEADER, build_record, c_module, examine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -182,6 +182,23 @@ def test_an_extension_not_built_from_this_source_is_ignored(tmp_path: Path, reco
         )
 
 
+def test_a_c_module_is_stale_when_the_shared_header_changed(tmp_path: Path) -> None:
+    """A C module's build record covers its ``.c`` file and the header the C modules share."""
+    for name in ("_xlog.c", C_HEADER):
+        shutil.copy2(REPO / "cdcd" / name, tmp_path / name)
+    extension = tmp_path / f"_xlog{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    extension.write_bytes(b"")  # examine() only looks at the files
+    record = extension.with_name(extension.name + accel.RECORD_SUFFIX)
+    record.write_text(build_record("cdcd._xlog", tmp_path / "_xlog.c"))
+    form = examine("cdcd._xlog", tmp_path)
+    assert form is not None and form.kind == "compiled"
+    with (tmp_path / C_HEADER).open("a") as header:
+        header.write("/* edited */\n")
+    form = examine("cdcd._xlog", tmp_path)
+    assert form is not None and form.kind == "stale", form
+    assert "_xlog.c changed since" in form.reason
+
+
 def test_an_edited_source_runs_instead_of_its_compiled_module(tmp_path: Path) -> None:
     """The developer's case: a compiled module's source edited after the build. The modules are
     compiled as one group, calling each other natively, so the others run from source too:
@@ -253,7 +270,8 @@ def outcome(parse: Callable[[bytes, int], object], buf: bytes, pos: int) -> obje
         return "IndexError"
 
 
-C_PARSE_TUPLE = c_function("cdcd._rowjson", "parse_tuple")
+_TUPLEDATA = c_module("cdcd._tupledata")
+C_PARSE_TUPLE = None if _TUPLEDATA is None else _TUPLEDATA.parse_tuple
 
 
 @settings(max_examples=300, deadline=None)

@@ -34,7 +34,7 @@ RECORDS = [
 ]
 
 
-#: how records are written: cdcd._rowjson.kafka_record (C) and write_record_python
+#: how records are written: cdcd._kafkarec.kafka_record (C) and write_record_python
 WRITERS = ["c", "python"]
 
 
@@ -43,7 +43,7 @@ def new_batch(max_size: int, writer: str = "c") -> RecordBatch:
     if writer == "python":
         batch.write_record = write_record_python
     elif C_KAFKA_RECORD is None:
-        pytest.skip("cdcd._rowjson is not compiled here")
+        pytest.skip("cdcd._kafkarec is not compiled here")
     return batch
 
 
@@ -146,7 +146,7 @@ def test_c_and_python_writers_write_the_same_bytes() -> None:
     """Random records (null and empty keys and values, values past one-byte varints, negative
     timestamp deltas, large sequence numbers, a buffer that grows): the same batches."""
     if C_KAFKA_RECORD is None:
-        pytest.skip("cdcd._rowjson is not compiled here")
+        pytest.skip("cdcd._kafkarec is not compiled here")
     rng = random.Random(7)
     head = encode_headers([("cdcd.commit_lsn", b"123456789")])
     for _ in range(40):
@@ -172,7 +172,7 @@ def test_c_and_python_writers_write_the_same_bytes() -> None:
 
 def test_c_writer_refuses_what_it_cannot_write() -> None:
     if C_KAFKA_RECORD is None:
-        pytest.skip("cdcd._rowjson is not compiled here")
+        pytest.skip("cdcd._kafkarec is not compiled here")
     with pytest.raises(TypeError, match="key must be bytes or None"):
         C_KAFKA_RECORD(bytearray(100), 61, -1, 0, 0, "text", None, b"", -1, b"", 0)
     with pytest.raises(TypeError, match="bytearray"):

@@ -194,12 +194,12 @@ def assert_same_batch(events: list[Any]) -> pa.RecordBatch:
 
 @pytest.fixture(params=["c", "python"])
 def gather(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """How the column builder gathers a run's values into columns: cdcd._rowjson.arrow_columns
+    """How the column builder gathers a run's values into columns: cdcd._arrowcols.arrow_columns
     (C), or zip and pa.array (Python, where the C module is not in use)."""
     if request.param == "python":
         monkeypatch.setattr(parquet_columns, "_c_arrow_columns", None)
     elif parquet_columns._c_arrow_columns is None:
-        pytest.skip("cdcd._rowjson is not compiled here")
+        pytest.skip("cdcd._arrowcols is not compiled here")
     return str(request.param)
 
 
@@ -374,7 +374,7 @@ def test_shared_source_fields_follow_source_base_when_it_differs() -> None:
 def test_arrow_columns_hold_what_pa_array_holds() -> None:
     arrow_columns = parquet_columns._c_arrow_columns
     if arrow_columns is None:
-        pytest.skip("cdcd._rowjson is not compiled here")
+        pytest.skip("cdcd._arrowcols is not compiled here")
     rng = random.Random(3)
     for n in (0, 1, 7, 8, 9, 300):
         width = rng.randrange(0, 5)

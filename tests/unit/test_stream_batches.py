@@ -109,7 +109,7 @@ def _xlog(wal_start: int, wal_end: int, sent: int, data: bytes) -> bytes:
 def xlog_path(request: pytest.FixtureRequest) -> str:
     """Which loop ``next_xlog_run`` takes: the C function or the Python one."""
     if request.param == "c" and C_XLOG_RUN is None:
-        pytest.skip("cdcd._rowjson is not in use here")
+        pytest.skip("cdcd._xlog is not in use here")
     return str(request.param)
 
 
@@ -181,7 +181,7 @@ def test_next_xlog_run_c_and_python_take_the_same(
     """Both loops, on any stream cut anywhere and any byte budget, return the same items and
     leave the reader at the same place."""
     if C_XLOG_RUN is None:
-        pytest.skip("cdcd._rowjson is not in use here")
+        pytest.skip("cdcd._xlog is not in use here")
     stream = b"".join(messages)
     cut = min(cut, len(stream))
     readers = [_reader("c"), _reader("python")]

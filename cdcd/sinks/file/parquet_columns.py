@@ -7,7 +7,7 @@ the same values, the same nulls, the same ``unrepresentable`` sidecar entries in
 ``RowLayout.batch`` stays the reference; the unit tests compare the two over many types.
 
 How: the raw pgoutput values of each column (bytes, as the server sent them) are gathered for
-the whole run into an Arrow binary array (by ``cdcd._rowjson.arrow_columns`` in C, or by
+the whole run into an Arrow binary array (by ``cdcd._arrowcols.arrow_columns`` in C, or by
 ``pa.array`` where that is not in use) and converted by Arrow casts in C when the column's type
 has an exact cast:
 
@@ -46,14 +46,14 @@ import functools
 import operator
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdcd import __version__
-from cdcd._purepy import c_function
+from cdcd._purepy import c_module
 from cdcd.decoder.events import KIND_BINARY, KIND_NULL, KIND_TEXT, KIND_UNCHANGED_TOAST
 from cdcd.values.types import UNCHANGED_TOAST, TypeRegistry
 
@@ -85,9 +85,10 @@ _INT_OIDS = frozenset({20, 21, 23, 26, 28, 29, 5069})
 _TEXT_DECODE = TypeRegistry().native_converter(25, -1, KIND_TEXT)
 _PLAIN_DECIMAL = r"^-?[0-9]+(\.[0-9]+)?$"
 _FAST_KINDS = frozenset({KIND_TEXT, KIND_NULL})
-#: cdcd._rowjson.arrow_columns (hand-written C), or None: the columns are gathered in Python
+_ARROWCOLS: Final = c_module("cdcd._arrowcols")
+#: cdcd._arrowcols.arrow_columns (hand-written C), or None: the columns are gathered in Python
 _c_arrow_columns: Callable[..., list[tuple[bytes | None, bytes, bytes, int]] | None] | None = (
-    c_function("cdcd._rowjson", "arrow_columns")
+    None if _ARROWCOLS is None else _ARROWCOLS.arrow_columns
 )
 _CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OverflowError)
 

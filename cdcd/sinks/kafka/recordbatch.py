@@ -20,7 +20,7 @@ with zigzag varints (a null key or value has length -1). This is what aiokafka's
 reader); building them here costs one buffer per batch instead of aiokafka's per-record
 objects, and the sink keeps the buffer for a replay instead of every record.
 
-A record is written by ``cdcd._rowjson.kafka_record`` (hand-written C, docs/development.md), or where that is not in use by :func:`write_record_python`, which writes the same
+A record is written by ``cdcd._kafkarec.kafka_record`` (hand-written C, docs/development.md), or where that is not in use by :func:`write_record_python`, which writes the same
 bytes.
 
 Headers are handed over encoded (:func:`encode_headers`): the sink encodes those a
@@ -37,7 +37,7 @@ from typing import Final
 from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
 from aiokafka.record.util import calc_crc32c
 
-from cdcd._purepy import c_function
+from cdcd._purepy import c_module
 
 # A record's key and value, for error messages.
 Record = tuple[bytes | None, bytes | None]
@@ -59,8 +59,9 @@ RECORD_OVERHEAD: Final = 32
 WriteRecord = Callable[..., int]
 
 
-#: cdcd._rowjson.kafka_record (hand-written C), or None where it is not in use
-C_KAFKA_RECORD: Final[WriteRecord | None] = c_function("cdcd._rowjson", "kafka_record")
+_KAFKAREC: Final = c_module("cdcd._kafkarec")
+#: cdcd._kafkarec.kafka_record (hand-written C), or None where it is not in use
+C_KAFKA_RECORD: Final[WriteRecord | None] = None if _KAFKAREC is None else _KAFKAREC.kafka_record
 
 
 def varint(value: int) -> bytes:
@@ -124,7 +125,7 @@ class RecordBatch:
         self.count = 0
         self.first_ts = 0
         self.max_ts = 0
-        #: cdcd._rowjson.kafka_record, or :func:`write_record_python` where it is not in use
+        #: cdcd._kafkarec.kafka_record, or :func:`write_record_python` where it is not in use
         self.write_record: WriteRecord = (
             write_record_python if C_KAFKA_RECORD is None else C_KAFKA_RECORD
         )
@@ -225,7 +226,7 @@ def write_record_python(
 ) -> int:
     """Write one record into ``buffer`` at ``pos`` (growing it by doubling); the position after
     it, or -1 when ``limit`` is not negative and the record would end past it (nothing written).
-    ``cdcd._rowjson.kafka_record`` is the same in C."""
+    ``cdcd._kafkarec.kafka_record`` is the same in C."""
     key_len = -1 if key is None else len(key)
     value_len = -1 if value is None else len(value)
     digits = b"%d" % seq if seq >= 0 else b""
