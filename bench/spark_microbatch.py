@@ -1,18 +1,19 @@
-"""What a micro-batch of the incremental Spark state costs next to a full rebuild.
+"""What a micro-batch MERGE into a Delta Lake table costs next to rebuilding the table.
 
-    python -m bench.spark_microbatch [--rows 1000000] [--batch 1000] [--layout auto]
+    python -m bench.spark_microbatch [--rows 1000000] [--batch 1000]
 
 Writes a table folder the way the file sink does (``_schema/`` file, JSON Lines files named by
-position) holding ``--rows`` inserts, then times, on a local ``local[2]`` session:
+position) holding ``--rows`` inserts, then times, on a local ``local[2]`` session with the
+pinned Delta Lake (:func:`cdcd.spark.session.session`):
 
-* **rebuild**: :func:`cdcd.spark.incremental.rebuild` over all the files (read, fold, write
-  the bucketed state);
-* **micro-batch, OLTP**: :func:`cdcd.spark.incremental.apply_batch` of ``--batch`` events
-  shaped like an OLTP table's stream: half inserts of new keys, 40% updates and 10% deletes of
-  rows among the newest 20,000 (three different batches; the median is reported);
+* **rebuild**: :func:`cdcd.spark.tables.apply_to_table` of all the files into a new Delta
+  table (read, fold, one write);
+* **micro-batch, OLTP**: ``apply_to_table`` of ``--batch`` events shaped like an OLTP
+  table's stream: half inserts of new keys, 40% updates and 10% deletes of rows among the
+  newest 20,000 (three different batches; the median is reported);
 * **replay**: the last batch applied again (changes nothing);
 * **micro-batch, random keys**: ``--batch`` updates of keys drawn uniformly from the whole
-  table (every bucket touched: the worst case of any bucketed layout).
+  table (every file of the table touched).
 
 Prints one JSON object with the seconds and the ratios to the rebuild.
 """
@@ -117,57 +118,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=1_000)
-    parser.add_argument("--layout", default="auto")
     parser.add_argument("--memory", default="2g")
     args = parser.parse_args()
 
-    from cdcd.spark.incremental import apply_batch, read_state, rebuild
-    from cdcd.spark.session import local_session
+    from cdcd.spark.session import session
     from cdcd.spark.sources import event_schema, events_from_files
+    from cdcd.spark.tables import apply_to_table, table_ref, table_rows
 
-    spark = local_session("cdcd-bench", master="local[2]", memory=args.memory, partitions=8)
+    spark = session("cdcd-bench", master="local[2]", memory=args.memory, partitions=8)
     work = Path(tempfile.mkdtemp(prefix="cdcd-spark-bench-"))
+
+    def apply_batch(events: Any, target: str) -> None:
+        apply_to_table(spark, events, target, format="delta")
+
     try:
-        src, dst = work / "out", str(work / "state")
+        src, dst = work / "out", table_ref(str(work / "orders"))
         write_initial(spark, src / TABLE, args.rows)
         schema = event_schema(spark, str(src), TABLE)
         started = time.monotonic()
-        rebuild(spark, events_from_files(spark, str(src), TABLE), dst, layout=args.layout)
+        apply_batch(events_from_files(spark, str(src), TABLE), dst)
         full = time.monotonic() - started
         rng = random.Random(17)
-        lsn, new_from, oltp, figures = args.rows + 10, args.rows + 1, [], {}
+        lsn, new_from, oltp = args.rows + 10, args.rows + 1, []
         for _ in range(3):
             path = write_batch(
                 work / f"b{lsn}.jsonl", oltp_batch(args.rows, args.batch, lsn, rng, new_from)
             )
             started = time.monotonic()
-            figures = apply_batch(spark, spark.read.schema(schema).json(str(path)), dst)
+            apply_batch(spark.read.schema(schema).json(str(path)), dst)
             oltp.append(time.monotonic() - started)
             lsn, new_from = lsn + 1, new_from + args.batch
         started = time.monotonic()
-        apply_batch(spark, spark.read.schema(schema).json(str(path)), dst)
+        apply_batch(spark.read.schema(schema).json(str(path)), dst)
         replay = time.monotonic() - started
         randoms = [
             _event("u", lsn, seq, _row(rng.randint(1, args.rows), lsn)) for seq in range(args.batch)
         ]
         path = write_batch(work / "random.jsonl", randoms)
         started = time.monotonic()
-        random_figures = apply_batch(spark, spark.read.schema(schema).json(str(path)), dst)
+        apply_batch(spark.read.schema(schema).json(str(path)), dst)
         random_batch = time.monotonic() - started
-        state = read_state(spark, dst)
-        assert state is not None
+        state = table_rows(spark, dst)
         result = {
             "rows": args.rows,
             "batch_events": args.batch,
-            "layout": args.layout,
+            "target": "delta",
             "rebuild_s": round(full, 2),
             "oltp_batch_s": [round(s, 2) for s in oltp],
             "oltp_batch_median_s": round(statistics.median(oltp), 2),
-            "oltp_buckets_rewritten": figures["buckets"],
             "oltp_ratio": round(statistics.median(oltp) / full, 3),
             "replay_s": round(replay, 2),
             "random_batch_s": round(random_batch, 2),
-            "random_buckets_rewritten": random_figures["buckets"],
             "random_ratio": round(random_batch / full, 3),
             "state_rows": state.count(),
         }

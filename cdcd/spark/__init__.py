@@ -1,33 +1,33 @@
 """PySpark jobs that consume what cdcd's sinks write (needs ``pyspark`` and a JVM).
 
 Only DataFrame APIs are used (no ``SparkContext``, RDDs or py4j): every job runs on a classic
-session and through Spark Connect alike.
+session and through Spark Connect alike. :func:`cdcd.spark.session.session` builds a local
+session with the pinned Delta Lake, Iceberg, Kafka and S3A packages (docs/spark.md).
 
 Read events (:mod:`cdcd.spark.sources`, schemas from ``_schema/`` files: :mod:`cdcd.spark.schema`)::
 
     events_from_files(spark, path, "public.orders", format="jsonl" | "parquet")
     events_from_kafka_records(spark, kafka_records_df, schema=None)
 
-Turn them into state (:mod:`cdcd.spark.state`), history, table formats::
+Keep a Delta Lake or Iceberg table up to date (:mod:`cdcd.spark.tables`,
+:mod:`cdcd.spark.streaming`)::
+
+    stream_table(spark, "public.orders", "/lake/orders", checkpoint, path=... | kafka_bootstrap=...)
+    apply_to_table(spark, events, "delta.`/lake/orders`")   one MERGE INTO per batch
+    table_rows(spark, "delta.`/lake/orders`")               the visible rows
+
+Batch jobs (:mod:`cdcd.spark.state`, :mod:`cdcd.spark.history`)::
 
     deduplicate(events)                         one row per (source.commit_lsn, source.seq)
     latest_state(events, key_columns=None)      the table's current rows
-    apply_changes(state, events, key_columns)   micro-batch upsert, with tombstones
+    apply_changes(state, events, key_columns)   fold a batch onto rows, with tombstones
     current_rows(state)                         visible rows of an apply_changes state
-    history(events)                             SCD type 2 versions (cdcd.spark.history)
-    merge_changes(spark, events, "db.orders")   MERGE INTO Delta/Iceberg (cdcd.spark.merge)
+    history(events)                             SCD type 2 versions
 
-Incremental state and streaming (:mod:`cdcd.spark.incremental`, :mod:`cdcd.spark.streaming`)::
-
-    apply_batch(spark, events, dst)             rewrite only the buckets a batch touches
-    stream_files_to_parquet(spark, src, "public.orders", dst, checkpoint)
-    read_state(spark, dst)
-
-Command line: ``python -m cdcd.spark state|apply|history|stream ...`` (:mod:`cdcd.spark.cli`).
+Command line: ``python -m cdcd.spark stream|apply|state|history ...`` (:mod:`cdcd.spark.cli`).
 """
 
 from cdcd.spark.history import history
-from cdcd.spark.incremental import apply_batch, read_state, rebuild
 from cdcd.spark.merge import merge_changes, merge_sql
 from cdcd.spark.schema import event_schema_from_files, spark_type
 from cdcd.spark.sources import (
@@ -37,11 +37,13 @@ from cdcd.spark.sources import (
     kafka_records_frame,
 )
 from cdcd.spark.state import apply_changes, current_rows, deduplicate, latest_state
-from cdcd.spark.streaming import stream_files_to_parquet
+from cdcd.spark.streaming import stream_table
+from cdcd.spark.tables import SchemaChangeError, apply_to_table, table_ref, table_rows
 
 __all__ = [
-    "apply_batch",
+    "SchemaChangeError",
     "apply_changes",
+    "apply_to_table",
     "current_rows",
     "deduplicate",
     "event_schema",
@@ -53,8 +55,8 @@ __all__ = [
     "latest_state",
     "merge_changes",
     "merge_sql",
-    "read_state",
-    "rebuild",
     "spark_type",
-    "stream_files_to_parquet",
+    "stream_table",
+    "table_ref",
+    "table_rows",
 ]

@@ -1,24 +1,29 @@
 """``python -m cdcd.spark <job> ...``: the jobs as a command line (also for ``spark-submit``).
 
-Jobs (``--input`` is the file sink's path, ``--table`` is ``schema.table``)::
+Jobs (``--table`` is ``schema.table``; the source is a file sink's path ``--input`` or, for
+``stream``, a Kafka broker ``--kafka-bootstrap``)::
 
+    stream   --output TARGET --checkpoint DIR  keep a Delta Lake (default) or Iceberg table up
+             [--continuous]                    to date with Structured Streaming, one MERGE
+             [--max-files N]                   per micro-batch (default: what is there, then
+                                               exit; --continuous: until stopped)
+    apply    --output TARGET [--files F ...]   MERGE the folder (or the given files) into it
     state    --output DIR                      the table's current rows as plain Parquet
-    apply    --output DIR [--files F ...]      apply the folder (or the given files) to the
-                                               incremental state under DIR (bucketed Parquet,
-                                               only touched buckets rewritten; idempotent)
-    apply    --merge-into TABLE [--tombstones] ... or MERGE them into a Delta/Iceberg table
-    history  --output DIR                      SCD type 2 versions as Parquet
-    stream   --output DIR --checkpoint DIR     keep the incremental state up to date with
-             [--continuous] [--max-files N]    structured streaming (default: what is there,
-                                               then exit; --continuous: until stopped)
+    history  --output DIR                      SCD type 2 versions as plain Parquet
 
-Common options: ``--format jsonl|parquet``, ``--key COL`` (may repeat or hold a
-comma-separated list; default: the events' ``key`` struct), ``--layout auto|range:W|hash:N``
-(the incremental state's bucketing), ``--master`` (a local session, default when not run by
-``spark-submit``: ``local[*]``) or ``--remote sc://host:port`` (Spark Connect). Under
-``spark-submit`` (``spark-submit $(python -c 'import cdcd.spark.cli as m; print(m.__file__)')
-apply ...``) the submitted session is used. Progress (batches, events, buckets rewritten, lag
-behind the newest file) is logged to stderr.
+``TARGET`` is a Delta table's folder (``/lake/orders``, ``s3a://lake/orders``) or a catalog
+table name (``lake.db.orders``; ``--target-format iceberg`` for Iceberg, whose catalog is
+configured on the session: ``--iceberg-warehouse DIR`` makes a local session's ``iceberg``
+catalog). Kafka: ``--kafka-bootstrap HOST:PORT`` (topic ``<name>.<schema>.<table>``, or
+``--topic``), ``--read-committed`` for cdcd's exactly-once mode, ``--schema-from PATH`` to take
+the column types from a file sink's ``_schema/`` files (else the target's, then the values').
+
+Common options: ``--format jsonl|parquet`` (files), ``--key COL`` (may repeat or hold a
+comma-separated list; default: the events' ``key`` struct), ``--master`` (a local session,
+default when not run by ``spark-submit``: ``local[*]``) or ``--remote sc://host:port`` (Spark
+Connect). Under ``spark-submit`` (``spark-submit --packages ... $(python -c 'import
+cdcd.spark.cli as m; print(m.__file__)') stream ...``) the submitted session is used.
+Progress (batches, events, seconds) is logged to stderr.
 """
 
 from __future__ import annotations
@@ -39,10 +44,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdcd.spark")
 
 JOBS = {
+    "stream": "keep a Delta Lake or Iceberg table up to date with Structured Streaming",
+    "apply": "MERGE a table folder's events into a Delta Lake or Iceberg table",
     "state": "rebuild a table's current rows as plain Parquet",
-    "apply": "apply events to the incremental state (or MERGE into a table)",
-    "history": "write a table's SCD type 2 history as Parquet",
-    "stream": "stream a table folder into the incremental state",
+    "history": "write a table's SCD type 2 history as plain Parquet",
 }
 
 
@@ -53,24 +58,29 @@ def _parser() -> argparse.ArgumentParser:
     jobs = parser.add_subparsers(dest="job", required=True)
     for name, text in JOBS.items():
         job = jobs.add_parser(name, help=text)
-        job.add_argument("--input", required=True, help="the file sink's path")
+        job.add_argument("--input", required=name != "stream", help="the file sink's path")
         job.add_argument("--table", required=True, help="schema.table")
         job.add_argument("--format", choices=FORMATS, default="jsonl")
         job.add_argument("--key", action="append", default=[], help="key column(s)")
-        job.add_argument("--output", required=name != "apply", help="output folder")
-        job.add_argument("--layout", default="auto", help="auto | range:WIDTH | hash:BUCKETS")
+        job.add_argument("--output", required=True, help="target table or folder")
         job.add_argument("--master", default=None, help="Spark master (default: spark-submit's)")
         job.add_argument("--remote", default=None, help="Spark Connect URL (sc://host:port)")
+        if name in ("stream", "apply"):
+            job.add_argument("--target-format", choices=("delta", "iceberg"), default="delta")
+            job.add_argument("--iceberg-warehouse", help="local session: the iceberg catalog")
         if name == "state":
             job.add_argument("--mode", choices=("overwrite", "errorifexists"), default="overwrite")
         if name == "apply":
             job.add_argument("--files", nargs="+", help="apply these files, not the folder")
-            job.add_argument("--merge-into", help="MERGE INTO this Delta/Iceberg table")
-            job.add_argument("--tombstones", action="store_true", help="keep deleted rows")
         if name == "stream":
             job.add_argument("--checkpoint", required=True, help="streaming checkpoint folder")
             job.add_argument("--continuous", action="store_true", help="run until stopped")
             job.add_argument("--max-files", type=int, default=None, help="files per batch")
+            job.add_argument("--kafka-bootstrap", help="read Kafka (HOST:PORT,...)")
+            job.add_argument("--topic", help="Kafka topic (default: <name>.<schema>.<table>)")
+            job.add_argument("--name", default=None, help="cdcd's name (the topic prefix)")
+            job.add_argument("--read-committed", action="store_true", help="exactly-once mode")
+            job.add_argument("--schema-from", help="a file sink path whose _schema/ to use")
     return parser
 
 
@@ -92,23 +102,30 @@ def _log_to_stderr() -> None:
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
     """Run a job; ``spark`` is a session to use (and leave running) instead of a new one
     (then logging is the caller's to configure; otherwise progress goes to stderr)."""
-    args = _parser().parse_args(argv)
-    if args.job == "apply" and not (args.output or args.merge_into):
-        _parser().error("apply needs --output DIR or --merge-into TABLE")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.job == "stream" and not (args.input or args.kafka_bootstrap):
+        parser.error("stream needs --input PATH (files) or --kafka-bootstrap HOST:PORT")
+    if args.job == "stream" and args.kafka_bootstrap and not (args.topic or args.name):
+        parser.error("a Kafka stream needs --topic, or --name (cdcd's name, the topic prefix)")
     if spark is not None:
         run(spark, args)
         return 0
     _log_to_stderr()
     from pyspark.sql import SparkSession
 
-    from cdcd.spark.session import local_session
+    from cdcd.spark.session import session
 
     if args.remote:
         spark = SparkSession.builder.remote(args.remote).getOrCreate()
     elif args.master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):
         spark = SparkSession.builder.appName(f"cdcd-{args.job}").getOrCreate()  # spark-submit
     else:
-        spark = local_session(f"cdcd-{args.job}", master=args.master or "local[*]")
+        spark = session(
+            f"cdcd-{args.job}",
+            master=args.master or "local[*]",
+            iceberg_warehouse=getattr(args, "iceberg_warehouse", None),
+        )
     try:
         run(spark, args)
     finally:
@@ -123,19 +140,23 @@ def run(spark: SparkSession, args: argparse.Namespace) -> None:
     started = time.monotonic()
     keys = _keys(args.key)
     if args.job == "stream":
-        from cdcd.spark.streaming import stream_files_to_parquet
+        from cdcd.spark.streaming import stream_table
 
-        query = stream_files_to_parquet(
+        query = stream_table(
             spark,
-            args.input,
             args.table,
             args.output,
             args.checkpoint,
-            key_columns=keys,
+            path=args.input,
             format=args.format,
+            kafka_bootstrap=args.kafka_bootstrap,
+            topic=args.topic or (f"{args.name}.{args.table}" if args.name else None),
+            read_committed=args.read_committed,
+            schema_from=args.schema_from,
+            key_columns=keys,
+            target_format=args.target_format,
             available_now=not args.continuous,
             max_files_per_trigger=args.max_files,
-            layout=args.layout,
         )
         query.awaitTermination()
         log.info("stream %s: stopped after %.1fs", args.table, time.monotonic() - started)
@@ -156,14 +177,11 @@ def run(spark: SparkSession, args: argparse.Namespace) -> None:
         from cdcd.spark.history import history
 
         history(events, keys).write.mode("overwrite").parquet(args.output)
-    elif args.merge_into:
-        from cdcd.spark.merge import merge_changes
-
-        merge_changes(spark, events, args.merge_into, keys, tombstones=args.tombstones)
     else:
-        from cdcd.spark.incremental import apply_batch
+        from cdcd.spark.tables import apply_to_table, table_ref
 
-        apply_batch(spark, events, args.output, keys, args.layout)
+        target = table_ref(args.output, args.target_format)
+        apply_to_table(spark, events, target, keys, args.target_format, args.table)
     log.info("%s %s: done in %.1fs", args.job, args.table, time.monotonic() - started)
 
 

@@ -45,6 +45,16 @@ def source_field(events: DataFrame, name: str) -> DataType | None:
     return None
 
 
+def key_value(events: DataFrame, column: str, data_type: DataType) -> Column:
+    """A key column's value: from ``after``, else ``before``, else the event's ``key``."""
+    sources = [field("after", column, events), field("before", column, events)]
+    key_type = events.schema["key"].dataType if "key" in events.columns else None
+    if isinstance(key_type, StructType) and column in key_type.fieldNames():
+        sources.append(F.col("key").getField(column))
+    found = [s for s in sources if s is not None]
+    return F.coalesce(*found).cast(data_type).alias(column)
+
+
 def later(lsn: str, seq: str, ref_lsn: str, ref_seq: str) -> Column:
     """Position ``(lsn, seq)`` is after ``(ref_lsn, ref_seq)`` (column names)."""
     return (F.col(lsn) > F.col(ref_lsn)) | (

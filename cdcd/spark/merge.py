@@ -14,9 +14,9 @@ row's newest event; with ``tombstones=True`` also ``_cdc_deleted``):
    again), a new key is inserted unless deleted; with a truncate in the batch,
    ``WHEN NOT MATCHED BY SOURCE`` deletes every row older than the truncate.
 
-The statement is the same for Delta (``delta-spark``) and Iceberg (``iceberg-spark-runtime``,
-``WHEN NOT MATCHED BY SOURCE`` needs Iceberg 1.5+ on Spark 3.5+); plain Spark parses and
-analyses it but cannot run it (``MERGE INTO TABLE is not supported``).
+The statement is the same for Delta Lake and Iceberg (``WHEN NOT MATCHED BY SOURCE`` needs
+Iceberg 1.5+); the suite runs it on the versions of :data:`cdcd.spark.session.PACKAGES`.
+:mod:`cdcd.spark.tables` creates and evolves the target and always keeps tombstones.
 """
 
 from __future__ import annotations
@@ -26,9 +26,17 @@ from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, StructType
 
-from cdcd.spark.columns import COMMIT_LSN, DELETED, SEQ, default_key_columns, row_type
-from cdcd.spark.incremental import key_values
+from cdcd.spark.columns import (
+    COMMIT_LSN,
+    DELETED,
+    ROW_OPS,
+    SEQ,
+    default_key_columns,
+    key_value,
+    row_type,
+)
 from cdcd.spark.state import apply_changes
 
 
@@ -77,6 +85,19 @@ def merge_sql(
         else:
             lines.append(f"WHEN NOT MATCHED BY SOURCE AND {older} THEN DELETE")
     return "\n".join(lines)
+
+
+def key_values(events: DataFrame, keys: list[str], types: dict[str, DataType]) -> DataFrame:
+    """The key values of every row event and of every ``source.old_key``."""
+    rows = events.where(F.col("op").isin(*ROW_OPS))
+    found = rows.select(*(key_value(rows, k, types[k]) for k in keys))
+    source = events.schema["source"].dataType
+    if isinstance(source, StructType) and "old_key" in source.fieldNames():
+        old = rows.where(F.col("source.old_key").isNotNull()).select(
+            *(F.col("source.old_key").getField(k).cast(types[k]).alias(k) for k in keys)
+        )
+        found = found.unionByName(old)
+    return found
 
 
 def merge_source(

@@ -35,10 +35,9 @@ Schema changes across ``_schema/`` versions. The read schema is the newest versi
 in its order, with its types; columns that only older versions have (dropped since) follow, so
 that older events still parse; a column's type is its newest. Older events of a retyped
 column are converted by Spark's JSON parser (a number into a wider number or a string; a
-value that does not fit fails the read). The key is the newest version's. The incremental
-state (:mod:`cdcd.spark.incremental`) keeps every column it has seen: a dropped column stays,
-null in rows written after the drop; ``read_state(spark, dst, columns=columns_of(...)[0])``
-shows the newest version's columns only.
+value that does not fit fails the read). The key is the newest version's. A target table
+(:mod:`cdcd.spark.tables`) keeps every column it has seen: a dropped column stays, null in rows
+written after the drop; :func:`columns_of` gives the newest version's columns.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ JSON Lines are read with an explicit schema built from the table's ``_schema/`` 
 folders are read with ``mergeSchema`` (the footers' schemas) because the sink starts a new file
 when the table's columns change.
 
-Kafka (docs/kafka.md). The Kafka source jar is not part of PySpark. In production::
+Kafka (docs/kafka.md). The Kafka source is one of the pinned packages (:mod:`cdcd.spark.session`)::
 
     records = (spark.readStream.format("kafka")
                .option("kafka.bootstrap.servers", "broker:9092")
@@ -24,17 +24,18 @@ Kafka (docs/kafka.md). The Kafka source jar is not part of PySpark. In productio
                .load())
     events = events_from_kafka_records(spark, records, schema=event_schema_ddl)
 
-(``--packages org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>``). Any DataFrame
+(:func:`cdcd.spark.streaming.stream_table` does this per micro-batch). Any DataFrame
 with the Kafka source's columns works, e.g. one built by :func:`kafka_records_frame` from
 records a Python consumer read. The value JSON is parsed with an explicit schema, or, for a
-batch DataFrame only, with a schema Spark infers from all the values (``spark.read.json``
-over the value strings; a streaming query cannot infer). Tombstones (null values) are dropped.
+batch DataFrame only, with a schema inferred from all the values in one pass (a streaming
+query cannot infer; :mod:`cdcd.spark.streaming` infers per micro-batch). Tombstones (null values) are dropped.
 Read one table's topic per call: one schema describes one table's rows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -175,6 +176,23 @@ def events_from_kafka_records(
     )
 
 
+def json_schema(documents: DataFrame, column: str = "value") -> StructType:
+    """The merged schema of the JSON objects in the string column ``column``, in one pass
+    (``schema_of_variant_agg``: any Spark 4 session, Connect too). JSON numbers with a
+    fraction become doubles (cdcd writes numeric as strings), fields that are null everywhere
+    strings; the fields of a struct come in name order."""
+    found = documents.select(F.expr(f"schema_of_variant_agg(parse_json(`{column}`))")).collect()
+    ddl = found[0][0] if found and found[0][0] else "OBJECT<>"
+    if not ddl.startswith("OBJECT<"):
+        raise ValueError(f"the {column} column holds no JSON objects: {ddl}")
+    ddl = re.sub(r"\bOBJECT<", "STRUCT<", ddl)
+    ddl = re.sub(r"\bVOID\b", "STRING", ddl)
+    ddl = re.sub(r"\bDECIMAL\(\d+,\s*\d+\)", "DOUBLE", ddl)
+    schema = StructType.fromDDL(ddl[len("STRUCT<") : -1]) if ddl != "STRUCT<>" else StructType()
+    assert isinstance(schema, StructType)
+    return schema
+
+
 def _infer_event_schema(spark: SparkSession, values: DataFrame) -> StructType:
     """The event schema of JSON ``value``s with their JSON ``key``s, in one pass: each record
     is read as the JSON Lines event it stands for (the value's fields plus ``key``)."""
@@ -187,9 +205,10 @@ def _infer_event_schema(spark: SparkSession, values: DataFrame) -> StructType:
             F.lit("}"),
         ).alias("document")
     )
-    # a DataFrame of JSON strings (Spark 4): pyspark's annotations list only paths and RDDs
-    inferred = spark.read.json(documents).schema  # type: ignore[arg-type]
-    value_type = inferred["value"].dataType
-    assert isinstance(value_type, StructType)
+    inferred = json_schema(documents, "document")
+    value_type = inferred["value"].dataType if "value" in inferred.fieldNames() else StructType()
+    if not isinstance(value_type, StructType):
+        raise ValueError(f"Kafka values are not JSON objects: {value_type.simpleString()}")
     fields = [f for f in value_type.fields if f.name != "key"]
-    return StructType([*fields, inferred["key"]])
+    key = inferred["key"] if "key" in inferred.fieldNames() else StructField("key", StringType())
+    return StructType([*fields, key])

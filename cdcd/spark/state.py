@@ -68,6 +68,7 @@ from cdcd.spark.columns import (
     UNAVAILABLE,
     default_key_columns,
     field,
+    key_value,
     later,
     row_type,
     source_field,
@@ -242,13 +243,6 @@ def _changes(
     a struct ``v`` (a value, possibly null) or null (carried forward from earlier)."""
     others = [c for c in types if c not in keys]
     after_fields = set(row_type(rows).fieldNames())
-    key_type = rows.schema["key"].dataType if "key" in rows.columns else None
-
-    def key_value(k: str) -> Column:
-        sources = [field("after", k, rows), field("before", k, rows)]
-        if isinstance(key_type, StructType) and k in key_type.fieldNames():
-            sources.append(F.col("key").getField(k))
-        return F.coalesce(*(s for s in sources if s is not None)).cast(types[k]).alias(k)
 
     def event_value(c: str) -> Column:
         if c not in after_fields:  # a column the batch does not know: a null value
@@ -284,7 +278,7 @@ def _changes(
         F.lit(1).alias(ORDER),
         keep.alias(KEEP),
         ts.cast("long").alias(TS_US),
-        *(key_value(k) for k in keys),
+        *(key_value(rows, k, types[k]) for k in keys),
         *(event_value(c) for c in others),
         old_key.alias(_OLD),
     )

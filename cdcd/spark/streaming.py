@@ -1,105 +1,161 @@
-"""The streaming job: a file sink table folder kept as an incremental Parquet state.
+"""The streaming job: one table's events, from files or Kafka, kept in a Delta Lake or Iceberg
+table with Structured Streaming (:mod:`cdcd.spark.tables`: one ``MERGE INTO`` per micro-batch,
+idempotent by position).
 
-:func:`stream_files_to_parquet` reads new files of ``<src>/<schema>.<table>`` with Spark's
-streaming file source (oldest modification time first, which is the sink's publishing order,
-``maxFilesPerTrigger`` files per micro-batch; files with the same modification time come in
-listing order, docs/spark.md) and, in ``foreachBatch``, applies each micro-batch with
-:func:`cdcd.spark.incremental.apply_batch`: only the buckets the batch touches are read and
-rewritten, and a batch Spark replays after a crash changes nothing.
-:func:`cdcd.spark.incremental.read_state` gives the current rows.
+Sources:
 
-The JSON Lines schema comes from the table's ``_schema/`` files (:mod:`cdcd.spark.schema`)
-unless given, read when the stream starts: restart the stream after a schema change that adds
-columns (Spark's file source has one schema per query). Every micro-batch logs its figures, and
-how far its newest position is behind the newest file in the folder (WAL bytes between the two
-commit LSNs, from the file names). Only DataFrame APIs are used: it runs the same under Spark
-Connect, where ``foreachBatch`` runs in a Python worker of the server.
+* **JSON Lines files** (``path``, the file sink's output, local or ``s3a://``): new files of
+  ``<path>/<schema>.<table>`` are read as text with Spark's streaming file source (oldest
+  modification time first, the sink's publishing order; ``max_files_per_trigger`` files per
+  micro-batch) and parsed *per micro-batch* with the schema of the table's ``_schema/`` files
+  as they are then: a column added while the stream runs appears in the next batch.
+* **Parquet files**: the same folder, read with the schema of its files when the stream starts
+  (restart the stream after a column is added).
+* **Kafka** (``kafka_bootstrap``, topic ``<name>.<schema>.<table>``): Spark's Kafka source,
+  ``kafka.isolation.level=read_committed`` with ``read_committed`` (cdcd's exactly-once mode:
+  aborted transactions are never seen). Each micro-batch's values are parsed with the
+  ``_schema/`` files of ``schema_from`` (a file sink path, when one is written too), else with
+  the target table's columns plus, for fields the table lacks, types inferred from the batch's
+  values. Tombstones (null values) are dropped; the headers ``cdcd.commit_lsn``/``cdcd.seq``
+  repeat what the value's ``source`` holds.
+
+Restarting a query from its checkpoint resumes after the last committed micro-batch; the one
+that was running when it stopped is run again and changes nothing it already changed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.types import StructType
+from pyspark.sql.types import DataType, StructField, StructType
 
-from cdcd.spark.incremental import apply_batch, read_state
-from cdcd.spark.schema import table_folder
-from cdcd.spark.sources import _check_format, event_schema
+from cdcd.spark.columns import METADATA
+from cdcd.spark.schema import event_schema_for, event_schema_from_files, table_folder
+from cdcd.spark.sources import (
+    _check_format,
+    _infer_event_schema,
+    event_schema,
+    events_from_kafka_records,
+)
+from cdcd.spark.tables import read_table, stream_to_table, table_ref
 
 log = logging.getLogger("cdcd.spark")
 
-__all__ = ["newest_file_lsn", "read_state", "stream_files_to_parquet"]
+__all__ = ["kafka_batch_schema", "stream_table"]
 
 
-def newest_file_lsn(spark: SparkSession, folder: str, suffix: str) -> int | None:
-    """The commit LSN in the name of the newest data file of ``folder`` (a listing, no data
-    read: the binary file source reads no content unless asked)."""
-    rows = (
-        spark.read.format("binaryFile")
-        .option("pathGlobFilter", f"*{suffix}")
-        .load(folder)
-        .select(F.max(F.element_at(F.split("path", "/"), -1)).alias("name"))
-        .collect()
+def kafka_batch_schema(
+    spark: SparkSession, records: DataFrame, target: str, table: str
+) -> StructType:
+    """The event schema for a batch of Kafka records of ``table`` without ``_schema/`` files:
+    the target's columns and types, then the fields it lacks with types inferred from the
+    values (a new column); the key columns are those of the records' keys."""
+    values = records.where(F.col("value").isNotNull()).select(
+        F.col("value").cast("string").alias("value"), F.col("key").cast("string").alias("key")
     )
-    name = rows[0]["name"] if rows else None
-    try:
-        return int(name.split("-")[0], 16) if name else None
-    except ValueError:
-        return None
+    inferred = _infer_event_schema(spark, values)
+    seen: dict[str, DataType] = {}
+    for side in ("after", "before"):
+        side_type = inferred[side].dataType if side in inferred.fieldNames() else None
+        if isinstance(side_type, StructType):
+            for f in side_type.fields:
+                seen.setdefault(f.name, f.dataType)
+    existing = read_table(spark, target)
+    have = {
+        f.name: f.dataType
+        for f in (existing.schema.fields if existing is not None else [])
+        if f.name not in METADATA
+    }
+    columns = {**have, **{name: t for name, t in seen.items() if name not in have}}
+    key_type = inferred["key"].dataType
+    key = tuple(key_type.fieldNames()) if isinstance(key_type, StructType) else ()
+    if any(k not in columns for k in key):
+        raise ValueError(f"{table}: the Kafka keys name columns the values lack: {key}")
+    row = StructType([StructField(name, t) for name, t in columns.items()])
+    return event_schema_for(row, key)
 
 
-def _each_batch(
-    folder: str, suffix: str, dst: str, keys: Sequence[str] | None, layout: str
-) -> object:
-    def each_batch(batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
-        figures = apply_batch(spark, batch, dst, keys, layout, batch_id)
-        if figures["events"] and log.isEnabledFor(logging.INFO):
-            newest = newest_file_lsn(spark, folder, suffix)
-            lag = max(0, (newest or 0) - int(figures["commit_lsn"]))
-            log.info("batch %d: %d WAL bytes behind the newest file", batch_id, lag)
-
-    return each_batch
-
-
-def stream_files_to_parquet(
+def stream_table(
     spark: SparkSession,
-    src: str,
     table: str,
-    dst: str,
+    target: str,
     checkpoint: str,
-    key_columns: Sequence[str] | None = None,
-    schema: StructType | str | None = None,
+    path: str | None = None,
     format: str = "jsonl",
+    kafka_bootstrap: str | None = None,
+    topic: str | None = None,
+    read_committed: bool = False,
+    schema_from: str | None = None,
+    key_columns: Sequence[str] | None = None,
+    target_format: str = "delta",
     available_now: bool = True,
     max_files_per_trigger: int | None = None,
-    layout: str = "auto",
     processing_time: str = "10 seconds",
+    kafka_options: Mapping[str, str] | None = None,
 ) -> StreamingQuery:
-    """Start the stream ``<src>/<table>`` → incremental Parquet state under ``dst`` and return
-    the query. ``available_now`` processes what is there and stops (``awaitTermination()``);
-    otherwise a micro-batch starts every ``processing_time`` until stopped."""
-    folder = table_folder(src, table)
-    suffix = f".{_check_format(format)}"
-    if schema is None:
-        schema = event_schema(spark, src, table, format)
-    reader = spark.readStream.schema(schema).option("pathGlobFilter", f"*{suffix}")
-    if max_files_per_trigger is not None:
-        reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-    if format == "parquet":
-        stream = reader.parquet(folder)
+    """Start the stream of ``table`` (``schema.table``) into ``target`` (a Delta folder or a
+    table name, :func:`cdcd.spark.tables.table_ref`) and return the query (see the module)."""
+    ref = table_ref(target, target_format)
+    prepare: Callable[[DataFrame], DataFrame] | None = None
+    if kafka_bootstrap is not None:
+        reader = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka_bootstrap)
+            .option("subscribe", topic or table)
+            .option("startingOffsets", "earliest")
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", "true")
+        )
+        if read_committed:
+            reader = reader.option("kafka.isolation.level", "read_committed")
+        for key, value in (kafka_options or {}).items():
+            reader = reader.option(key, value)
+        records = reader.load()
+
+        def from_kafka(batch: DataFrame) -> DataFrame:
+            batch_spark = batch.sparkSession
+            if schema_from is not None:
+                schema = event_schema_from_files(batch_spark, schema_from, table)
+            else:
+                schema = kafka_batch_schema(batch_spark, batch, ref, table)
+            return events_from_kafka_records(batch_spark, batch, schema)
+
+        source, prepare = records, from_kafka
     else:
-        stream = reader.option("mode", "FAILFAST").json(folder)
-    writer = stream.writeStream.foreachBatch(
-        _each_batch(folder, suffix, dst, key_columns, layout)  # type: ignore[arg-type]
-    ).option("checkpointLocation", checkpoint)
-    writer = (
-        writer.trigger(availableNow=True)
-        if available_now
-        else writer.trigger(processingTime=processing_time)
+        if path is None:
+            raise ValueError("a stream needs a file sink path or a Kafka bootstrap address")
+        folder = table_folder(path, table)
+        suffix = f".{_check_format(format)}"
+        files = spark.readStream.option("pathGlobFilter", f"*{suffix}")
+        if max_files_per_trigger is not None:
+            files = files.option("maxFilesPerTrigger", max_files_per_trigger)
+        if format == "parquet":
+            source = files.schema(event_schema(spark, path, table, format)).parquet(folder)
+        else:
+            source, prepare = files.text(folder), _parse_lines(path, table)
+    return stream_to_table(
+        source,
+        ref,
+        checkpoint,
+        key_columns,
+        target_format,
+        available_now,
+        processing_time,
+        prepare=prepare,
+        label=table,
     )
-    return writer.start()
+
+
+def _parse_lines(path: str, table: str) -> Callable[[DataFrame], DataFrame]:
+    """Parse a micro-batch of JSON Lines with the ``_schema/`` files as they are now."""
+
+    def from_lines(batch: DataFrame) -> DataFrame:
+        schema = event_schema_from_files(batch.sparkSession, path, table)
+        parsed = batch.select(F.from_json("value", schema, {"mode": "FAILFAST"}).alias("e"))
+        return parsed.select("e.*")
+
+    return from_lines

@@ -22,9 +22,13 @@ from tests.sparkutil import connect_server  # noqa: F401
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Tests of test_spark_incremental.py that run again under Spark Connect (the CLI help, the
-#: spark-submit run and the Delta run start no session of the test's).
-UNDER_CONNECT = "not cli_help and not merge_into_delta and not spark_submit"
+#: Tests of test_spark_incremental.py that run again under Spark Connect: the batch jobs, MERGE
+#: into Delta in batches with a replay, and the stream whose ``foreachBatch`` (run by a Python
+#: worker of the server) follows schema changes. (The CLI help and the spark-submit run start
+#: no session of the test's; the other MERGE paths run the same statements.)
+UNDER_CONNECT = (
+    "latest_state or history or schema_from_files or apply_to_delta_in_batches or stream_to_delta"
+)
 
 
 def test_no_classic_only_apis() -> None:

@@ -1,9 +1,10 @@
-"""The incremental Spark jobs on real Spark, classic and through Spark Connect, over events
-written here exactly as cdcd's JSON Lines files look (:func:`tests.sparkutil.change_event`):
-key changes whose create leaves TOASTed columns unchanged (``source.old_key``/``new_key``), in
-one transaction, chained, updated in between and split across micro-batches; the bucketed
-state rewriting only the buckets a batch touches; replays; truncates; schemas from
-``_schema/`` files with a schema change; history; the MERGE statement.
+"""The Spark jobs on real Spark, classic and through Spark Connect, over events written here
+exactly as cdcd's JSON Lines files look (:func:`tests.sparkutil.change_event`): key changes
+whose create leaves TOASTed columns unchanged (``source.old_key``/``new_key``), in one
+transaction, chained, updated in between and split across micro-batches; Delta Lake and
+Iceberg targets kept by MERGE, replays, truncates, a keyless table; a stream whose table gains,
+loses, widens and then incompatibly retypes a column; schemas from ``_schema/`` files;
+history; the command line.
 
 ``test_spark_connect.py`` runs this module again through Spark Connect. End-to-end runs over
 what real cdcd writes from a real PostgreSQL are in
@@ -14,9 +15,7 @@ what real cdcd writes from a real PostgreSQL are in
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import os
-import shutil
 import subprocess
 import sys
 from decimal import Decimal
@@ -37,18 +36,18 @@ from tests.sparkutil import (  # noqa: F401
 pytest.importorskip("pyspark")
 
 from cdcd.spark import (
-    apply_batch,
+    apply_to_table,
+    current_rows,
     event_schema,
     events_from_files,
     history,
     latest_state,
     merge_changes,
-    read_state,
-    stream_files_to_parquet,
+    stream_table,
+    table_ref,
+    table_rows,
 )
 from cdcd.spark import cli as spark_cli
-from cdcd.spark.incremental import BUCKET
-from cdcd.spark.state import current_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -102,18 +101,18 @@ def test_latest_state_fills_key_changes(spark: Any, key_changes: Path) -> None:
     assert (204, None, 4) in rows(latest_state(bare))
 
 
-def test_incremental_batches_and_replays(spark: Any, key_changes: Path, tmp_path: Path):
-    """File by file (the key change of 5 split across the two batches), then both again."""
-    dst = str(tmp_path / "state")
+def test_apply_to_delta_in_batches_and_replays(spark: Any, key_changes: Path, tmp_path: Path):
+    """``apply_to_table`` file by file (the key change of 5 split across the two batches,
+    the table created by the first), then both files again: nothing changes."""
+    target = table_ref(str(tmp_path / "orders"))
     schema = event_schema(spark, str(key_changes), TABLE)
     files = sorted(str(p) for p in (key_changes / TABLE).glob("*.jsonl"))
     for path in files:
-        apply_batch(spark, spark.read.schema(schema).json(path), dst)
-    state = read_state(spark, dst)
-    assert state is not None and rows(state) == EXPECTED
-    before = rows(read_state(spark, dst, with_metadata=True))
-    apply_batch(spark, spark.read.schema(schema).json(files), dst)  # a replay
-    assert rows(read_state(spark, dst, with_metadata=True)) == before
+        apply_to_table(spark, spark.read.schema(schema).json(path), target)
+    assert rows(table_rows(spark, target)) == EXPECTED
+    before = rows(spark.table(target))
+    apply_to_table(spark, spark.read.schema(schema).json(files), target)  # a replay
+    assert rows(spark.table(target)) == before
 
 
 def test_history_matches_state(spark: Any, key_changes: Path) -> None:
@@ -133,39 +132,6 @@ def test_history_matches_state(spark: Any, key_changes: Path) -> None:
     assert (first["_cdc_valid_to_lsn"], first["_cdc_valid_to_seq"]) == (20, 0)
     assert first["_cdc_valid_from"] == dt.datetime(2024, 11, 22, 0, 0, 0, 10_000)
     versions.unpersist()
-
-
-def test_only_touched_buckets_are_rewritten(spark: Any, tmp_path: Path) -> None:
-    """Range buckets of 10 keys: a batch touching keys 3 and 57 rewrites buckets 0 and 5 only;
-    a truncate rewrites all of them."""
-    src = tmp_path / "src"
-    first = [change_event("c", (10, i), after={"id": i, "note": "x", "n": i}) for i in range(60)]
-    table_folder(src, first, per_file=100)
-    schema = event_schema(spark, str(src), TABLE)
-    dst = tmp_path / "state"
-    apply_batch(spark, events_from_files(spark, str(src), TABLE), str(dst), layout="range:10")
-    listing = {p: p.stat().st_mtime_ns for p in dst.glob(f"{BUCKET}=*/*.parquet")}
-    assert len({p.parent.name for p in listing}) == 6
-    batch = [
-        change_event("u", (20, 0), after={"id": 3, "note": "y", "n": 30}),
-        change_event("d", (20, 1), before={"id": 57, "note": None, "n": None}),
-    ]
-    path = write_jsonl(tmp_path / "batch", batch)[0]
-    figures = apply_batch(spark, spark.read.schema(schema).json(str(path)), str(dst))
-    assert figures["buckets"] == 2
-    now = {p: p.stat().st_mtime_ns for p in dst.glob(f"{BUCKET}=*/*.parquet")}
-    changed = {p.parent.name for p in set(now) ^ set(listing)}
-    changed |= {p.parent.name for p in now if p in listing and now[p] != listing[p]}
-    assert changed == {f"{BUCKET}=0", f"{BUCKET}=5"}
-    expected = {(i, "x", i) for i in range(60) if i not in (3, 57)} | {(3, "y", 30)}
-    assert rows(read_state(spark, str(dst))) == expected
-    truncate = [
-        change_event("t", (30, 0), key=None),
-        change_event("c", (30, 1), after={"id": 7, "note": "z", "n": 1}),
-    ]
-    path = write_jsonl(tmp_path / "batch2", truncate)[0]
-    apply_batch(spark, spark.read.schema(schema).json(str(path)), str(dst))
-    assert rows(read_state(spark, str(dst))) == {(7, "z", 1)}
 
 
 def test_schema_from_files_and_a_schema_change(spark: Any, tmp_path: Path) -> None:
@@ -192,32 +158,66 @@ def test_schema_from_files_and_a_schema_change(spark: Any, tmp_path: Path) -> No
     assert state[2]["at"] == dt.datetime(2024, 1, 2, 3, 4, 5)  # the session is in UTC
 
 
-def test_incremental_schema_change_and_keyless(spark: Any, tmp_path: Path) -> None:
-    """A column added between two micro-batches (each read with the schema of its time):
-    rows in buckets the second batch does not touch show null for it. Then a keyless table
-    (one bucket, a multiset) with a replay."""
-    src, dst = tmp_path / "src", str(tmp_path / "state")
+def test_stream_to_delta_with_schema_changes(spark: Any, tmp_path: Path) -> None:
+    """``stream_table`` over a JSON Lines folder into Delta, one file per micro-batch, run
+    again after each change (each run restarts from the checkpoint): a column added (null in
+    older rows), one dropped (kept, null in new rows), int4 widened to int8, a copy of an old
+    file (a replay); then int8 → text stops the query naming table, column and position."""
+    src, target = tmp_path / "src", str(tmp_path / "orders")
+    checkpoint = str(tmp_path / "cp")
     folder = src / TABLE
-    v1 = [("id", "int4", 23, -1), ("note", "text", 25, -1)]
+    v1 = [("id", "int4", 23, -1), ("note", "text", 25, -1), ("n", "int4", 23, -1)]
     write_schema_file(folder, (10, 0), v1, ["id"])
-    first = [
-        change_event("c", (10, i), after={"id": i, "note": n}) for i, n in ((1, "a"), (2, "b"))
-    ]
-    path = write_jsonl(folder, first)[0]
-    read = spark.read.schema(event_schema(spark, str(src), TABLE))
-    apply_batch(spark, read.json(str(path)), dst, layout="range:1")
-    write_schema_file(folder, (20, 0), [*v1, ("qty", "int4", 23, -1)], ["id"])
-    second = [
-        change_event("u", (20, 0), after={"id": 1, "note": "a", "qty": 5}),
-        change_event("c", (20, 1), after={"id": 3, "note": "c", "qty": 7}),
-    ]
-    path = write_jsonl(tmp_path / "b2", second)[0]
-    read = spark.read.schema(event_schema(spark, str(src), TABLE))
-    apply_batch(spark, read.json(str(path)), dst)
-    state = read_state(spark, dst, columns=["id", "note", "qty"])
-    assert rows(state) == {(1, "a", 5), (2, "b", None), (3, "c", 7)}
+    write_jsonl(
+        folder, [change_event("c", (10, i), after={"id": i, "note": "a", "n": i}) for i in (1, 2)]
+    )
 
+    def run() -> Any:
+        query = stream_table(
+            spark, TABLE, target, checkpoint, path=str(src), max_files_per_trigger=1
+        )
+        try:
+            query.awaitTermination()
+        except Exception as failure:  # the query stopped with it
+            return failure
+        return query.exception()
+
+    assert run() is None
+    v2 = [("id", "int4", 23, -1), ("n", "int8", 20, -1), ("qty", "int4", 23, -1)]
+    write_schema_file(folder, (20, 0), v2, ["id"])
+    write_jsonl(
+        folder,
+        [
+            change_event("u", (20, 0), after={"id": 1, "n": 5_000_000_000, "qty": 5}),
+            change_event("c", (20, 1), after={"id": 3, "n": 3, "qty": 7}),
+        ],
+    )
+    old = sorted(folder.glob("*.jsonl"))[0]
+    replay = folder / "FFFFFFFFFFFFFFFF-00000000.jsonl"
+    replay.write_bytes(old.read_bytes())
+    os.utime(replay, (1_700_025_000, 1_700_025_000))  # after the others (Spark's maxFileAge)
+    assert run() is None
+    table = spark.table(table_ref(target))
+    assert table.schema["n"].dataType.simpleString() == "bigint"
+    assert rows(table_rows(spark, table_ref(target)).select("id", "note", "n", "qty")) == {
+        (1, None, 5_000_000_000, 5),
+        (2, "a", 2, None),
+        (3, None, 3, 7),
+    }
+    write_schema_file(folder, (30, 0), [*v2[:1], ("n", "text", 25, -1), v2[2]], ["id"])
+    write_jsonl(folder, [change_event("u", (30, 0), after={"id": 3, "n": "three", "qty": 7})])
+    failure = run()
+    assert failure is not None
+    message = str(failure)
+    assert "public.orders: column 'n' changed type from bigint to string" in message, message
+    assert "commit_lsn 0/1E (30), seq 0" in message, message
+
+
+def test_apply_to_delta_keyless(spark: Any, tmp_path: Path) -> None:
+    """A table without a key (a multiset) is rewritten whole per batch; a replay changes
+    nothing."""
     keyless = tmp_path / "keyless"
+    v1 = [("id", "int4", 23, -1), ("note", "text", 25, -1)]
     write_schema_file(keyless / TABLE, (10, 0), v1, None)
     row = {"id": 0, "note": "same"}
     events = [
@@ -226,84 +226,45 @@ def test_incremental_schema_change_and_keyless(spark: Any, tmp_path: Path) -> No
         change_event("d", (20, 0), before=row, key=None),
     ]
     write_jsonl(keyless / TABLE, events)
-    ks = str(tmp_path / "keyless-state")
+    target = table_ref(str(tmp_path / "keyless-table"))
     for _ in range(2):  # the second run is a replay
-        apply_batch(spark, events_from_files(spark, str(keyless), TABLE), ks)
-        assert [tuple(r) for r in read_state(spark, ks).collect()] == [(0, "same")]
-
-
-def test_streaming_under_both_sessions(spark: Any, key_changes: Path, tmp_path: Path):
-    """``stream_files_to_parquet`` one file per micro-batch, then a copy of a file (a replay)
-    on the same checkpoint."""
-    dst, checkpoint = str(tmp_path / "state"), str(tmp_path / "cp")
-    src = tmp_path / "src"
-    (src / TABLE).mkdir(parents=True)
-    files = sorted((key_changes / TABLE).glob("*.jsonl"))
-    schema = event_schema(spark, str(key_changes), TABLE)
-
-    def run() -> None:
-        query = stream_files_to_parquet(
-            spark, str(src), TABLE, dst, checkpoint, schema=schema, max_files_per_trigger=1
-        )
-        query.awaitTermination()
-        assert query.exception() is None
-
-    for path in files:  # the source takes files by modification time: keep them
-        shutil.copy2(path, src / TABLE / path.name)
-    run()
-    state = read_state(spark, dst)
-    assert state is not None and rows(state) == EXPECTED
-    (src / TABLE / "FFFFFFFFFFFFFFFF-00000000.jsonl").write_bytes(files[0].read_bytes())
-    run()
-    assert rows(read_state(spark, dst)) == EXPECTED
+        apply_to_table(spark, events_from_files(spark, str(keyless), TABLE), target)
+        assert [tuple(r) for r in table_rows(spark, target).collect()] == [(0, "same")]
 
 
 def test_cli_apply_and_history(spark: Any, key_changes: Path, tmp_path: Path) -> None:
-    out = tmp_path / "state"
+    out = tmp_path / "orders"
     argv = ["apply", "--input", str(key_changes), "--table", TABLE, "--output", str(out)]
     assert spark_cli.main(argv, spark=spark) == 0
-    assert rows(read_state(spark, str(out))) == EXPECTED
+    assert rows(table_rows(spark, table_ref(str(out)))) == EXPECTED
     argv = ["history", "--input", str(key_changes), "--table", TABLE]
     assert spark_cli.main([*argv, "--output", str(tmp_path / "h")], spark=spark) == 0
     current = spark.read.parquet(str(tmp_path / "h")).where("_cdc_current")
     assert rows(current.select("id", "note", "n")) == EXPECTED
 
 
-def test_cli_stream_logs_progress(
-    spark: Any, key_changes: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """``stream`` one file per micro-batch; each batch logs its figures and its lag."""
-    caplog.set_level(logging.INFO, logger="cdcd.spark")
-    out = tmp_path / "state"
-    argv = ["stream", "--input", str(key_changes), "--table", TABLE, "--output", str(out)]
-    argv += ["--checkpoint", str(tmp_path / "cp"), "--max-files", "1", "--layout", "hash:4"]
-    assert spark_cli.main(argv, spark=spark) == 0
-    assert rows(read_state(spark, str(out))) == EXPECTED
-    if os.environ.get("CDCD_TEST_SPARK_REMOTE"):
-        return  # under Spark Connect foreachBatch runs (and logs) in the server's worker
-    lags = [r.getMessage() for r in caplog.records if "behind the newest file" in r.getMessage()]
-    # batch 0 ends inside transaction 20, where the newest file begins: no whole WAL byte
-    assert lags == [f"batch {i}: 0 WAL bytes behind the newest file" for i in (0, 1)]
-    assert sum("buckets rewritten (hash:4)" in r.getMessage() for r in caplog.records) == 2
-
-
 @pytest.mark.skipif(bool(os.environ.get("CDCD_TEST_SPARK_REMOTE")), reason="own JVM")
-def test_cli_under_spark_submit(spark: Any, key_changes: Path, tmp_path: Path) -> None:
-    """``spark-submit cdcd/spark/cli.py apply ...`` uses the submitted session and logs."""
+def test_cli_stream_under_spark_submit(spark: Any, key_changes: Path, tmp_path: Path) -> None:
+    """``spark-submit cdcd/spark/cli.py stream ...`` (the jars and catalogs given as a user
+    gives them) uses the submitted session and logs each micro-batch."""
     import pyspark
 
+    from cdcd.spark.session import jar_conf, table_conf
+
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    out = tmp_path / "state"
+    out = tmp_path / "orders"
     cmd = [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
-    cmd += [spark_cli.__file__, "apply", "--input", str(key_changes), "--table", TABLE]
-    cmd += ["--output", str(out)]
+    for key, value in {**jar_conf(), **table_conf()}.items():
+        cmd += ["--conf", f"{key}={value}"]
+    cmd += [spark_cli.__file__, "stream", "--input", str(key_changes), "--table", TABLE]
+    cmd += ["--output", str(out), "--checkpoint", str(tmp_path / "cp"), "--max-files", "1"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY")}
     env.update(PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr  # spark-submit merges the driver's stderr into stdout
-    assert "buckets rewritten" in output and "apply public.orders: done" in output
-    assert rows(read_state(spark, str(out))) == EXPECTED
+    assert "batch 0: 7 events" in output and "batch 1: 5 events" in output, output[-3000:]
+    assert rows(table_rows(spark, table_ref(str(out)))) == EXPECTED
 
 
 def test_cli_help() -> None:

@@ -14,9 +14,11 @@ Parquet file sink. Tables:
 Every check compares Spark's rebuilt state with the source table read with SQL, values
 normalised by :func:`tests.e2e.normalize` (numbers as Decimal).
 
-The Kafka path runs cdcd again (its own slot, created before the workload) with the Kafka
-sink into the Apache Kafka broker of ``kafka_broker``, consumes the topics with aiokafka and builds
-the Spark DataFrame of Kafka records from them.
+The Kafka paths run cdcd again (a slot of their own each, created before the workload) with
+the Kafka sink into the Apache Kafka broker of ``kafka_broker``: one consumes the topics with
+aiokafka and builds the Spark DataFrame of Kafka records from them, the other streams the
+topics into Delta Lake with Spark's Kafka source, in two parts (the query restarted from its
+checkpoint).
 """
 
 # ruff: noqa: F811  (the ``spark`` fixture is imported, then used as a parameter)
@@ -37,6 +39,7 @@ from aiokafka import AIOKafkaConsumer
 from tests.e2e import data_files, normalize, read_events, run_cdcd, write_config
 from tests.kafkaharness import KafkaBroker
 from tests.pgharness import PgDatabase, PgInstall, create_database, find_installations
+from tests.s3harness import S3Store, launch_s3
 from tests.sparkutil import spark  # noqa: F401
 
 pytest.importorskip("pyspark")
@@ -50,8 +53,9 @@ from cdcd.spark import (
     events_from_kafka_records,
     kafka_records_frame,
     latest_state,
-    read_state,
-    stream_files_to_parquet,
+    stream_table,
+    table_ref,
+    table_rows,
 )
 from cdcd.spark import cli as spark_cli
 
@@ -66,6 +70,10 @@ class Workload:
     db: PgDatabase
     dir: Path
     kafka_cfg: Path
+    stream_cfg: Path
+    mid_lsn: str  # after the truncate of items, before its column is added
+    s3: S3Store
+    s3_prefix: str  # bucket/prefix of the JSON Lines file sink on S3
     schemas: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -123,6 +131,9 @@ WORKLOAD_SQL = [
     "TRUNCATE items",
     "INSERT INTO items VALUES (2, 'two again'), (6, 'six'), (7, 'seven')",
     "UPDATE items SET label = 'seven!' WHERE id = 7",
+    "ALTER TABLE items ADD COLUMN extra int",  # a column added mid-stream
+    "INSERT INTO items VALUES (8, 'eight', 8)",
+    "UPDATE items SET extra = 7 WHERE id = 7",
     f"""INSERT INTO tags VALUES ('a', 1, {BIG.format("'a'")}), ('a', 1, {BIG.format("'a'")}),
                                ('b', 2, NULL), ('c', 3, NULL)""",
     "UPDATE tags SET n = 5 WHERE ctid = (SELECT min(ctid) FROM tags WHERE name = 'a')",
@@ -151,7 +162,9 @@ def workload(
         pytest.skip(f"Spark jobs are tested on the newest PostgreSQL only ({newest.id})")
     cluster = request.getfixturevalue("pg_cluster")
     db = create_database(cluster)
+    s3 = launch_s3()
     try:
+        s3_prefix = s3.new_prefix("spark")
         directory = tmp_path_factory.mktemp("spark-workload")
         db.execute(SCHEMA_SQL)
         cfg = write_config(
@@ -161,19 +174,26 @@ def workload(
                 # small files: the streaming test needs several micro-batches
                 {"type": "file", "path": "out-jsonl", "format": "jsonl", "rollover_rows": 3},
                 {"type": "file", "path": "out-parquet", "format": "parquet"},
+                {"type": "file", "path": f"s3://{s3_prefix}", "storage": s3.storage()},
             ],
         )
         # The Kafka test streams the same changes later through a slot of its own.
         kafka_cfg = write_config(directory / "kafka", db.dsn, slot="cdcd_spark_kafka")
         run_cdcd("slot", "create", "--config", str(cfg))
+        stream_cfg = write_config(directory / "stream", db.dsn, slot="cdcd_spark_stream")
         run_cdcd("slot", "create", "--config", str(kafka_cfg))
+        run_cdcd("slot", "create", "--config", str(stream_cfg))
+        mid = ""
         for sql in WORKLOAD_SQL:
             db.execute(sql)
+            if sql == "TRUNCATE items":
+                mid = db.fetchval("SELECT pg_current_wal_lsn()::text")
         endpos = db.fetchval("SELECT pg_current_wal_lsn()::text")
         run_cdcd("run", "--config", str(cfg), "--endpos", endpos)
-        yield Workload(db, directory, kafka_cfg)
+        yield Workload(db, directory, kafka_cfg, stream_cfg, mid, s3, s3_prefix)
     finally:
         db.drop()
+        s3.close()
 
 
 # ------------------------------------------------------------------------------ comparing
@@ -282,40 +302,36 @@ def test_apply_changes_in_batches_is_idempotent(spark: Any, workload: Workload) 
 
 
 def test_streaming_available_now(spark: Any, workload: Workload, tmp_path: Path) -> None:
-    """``stream_files_to_parquet`` with ``trigger(availableNow=True)`` and up to three files
+    """``stream_table`` into Delta with ``trigger(availableNow=True)`` and up to three files
     per micro-batch: first half the files of ``orders``, then the rest plus a replayed file,
-    on one checkpoint."""
+    restarting from the checkpoint."""
     table = "public.orders"
-    src, dst, checkpoint = tmp_path / "src", str(tmp_path / "state"), str(tmp_path / "cp")
-    (src / table).mkdir(parents=True)
+    src, checkpoint = tmp_path / "src", str(tmp_path / "cp")
+    target = table_ref(str(tmp_path / "orders"))
+    shutil.copytree(workload.jsonl / table / "_schema", src / table / "_schema")
     files = data_files(workload.jsonl / table)
     half = len(files) // 2
     assert half >= 2, f"{table}: too few files ({len(files)}) for several micro-batches"
-    schema = workload.schema(spark, table)
 
     def run_stream() -> None:
-        query = stream_files_to_parquet(
-            spark, str(src), table, dst, checkpoint, ["id"], schema, max_files_per_trigger=3
-        )
+        query = stream_table(spark, table, target, checkpoint, str(src), max_files_per_trigger=3)
         query.awaitTermination()
         assert query.exception() is None
 
     for path in files[:half]:
-        shutil.copy(path, src / table / path.name)
+        shutil.copy2(path, src / table / path.name)
     run_stream()
-    partial = read_state(spark, dst)
-    assert partial is not None
-    first = events_from_files(spark, str(src), table, schema=schema)
-    assert Counter(normal_rows(spark_rows(partial))) == Counter(
+    first = events_from_files(spark, str(src), table)
+    assert Counter(normal_rows(spark_rows(table_rows(spark, target)))) == Counter(
         normal_rows(spark_rows(latest_state(first, ["id"])))
     )
     for path in files[half:]:
-        shutil.copy(path, src / table / path.name)
-    shutil.copy(files[0], src / table / "FFFFFFFFFFFFFFFF-00000000.jsonl")  # a replay
+        shutil.copy2(path, src / table / path.name)
+    replay = src / table / "FFFFFFFFFFFFFFFF-00000000.jsonl"
+    shutil.copy2(files[0], replay)  # a replay, published after the others
+    os.utime(replay, (files[-1].stat().st_mtime + 1,) * 2)
     run_stream()
-    final = read_state(spark, dst)
-    assert final is not None
-    assert_same_state(final, workload, table)
+    assert_same_state(table_rows(spark, target), workload, table)
 
 
 async def test_kafka_records(spark: Any, workload: Workload, kafka_broker: KafkaBroker) -> None:
@@ -326,12 +342,7 @@ async def test_kafka_records(spark: Any, workload: Workload, kafka_broker: Kafka
         workload.db.dsn,
         slot="cdcd_spark_kafka",
         name="sparkjobs",
-        sinks=[
-            {
-                "type": "kafka",
-                "bootstrap_servers": kafka_broker.bootstrap,
-            }
-        ],
+        sinks=[{"type": "kafka", "bootstrap_servers": kafka_broker.bootstrap}],
     )
     endpos = workload.db.fetchval("SELECT pg_current_wal_lsn()::text")
     run_cdcd("run", "--config", str(workload.kafka_cfg), "--endpos", endpos)
@@ -352,6 +363,78 @@ async def test_kafka_records(spark: Any, workload: Workload, kafka_broker: Kafka
         schema = workload.schema(spark, table)
         typed = events_from_kafka_records(spark, frame, schema=schema)
         assert_same_state(latest_state(typed), workload, table)
+
+
+@pytest.mark.timeout(900)  # four streaming queries, each a JVM-side Kafka consumer
+async def test_kafka_to_delta_streaming(
+    spark: Any, workload: Workload, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """PostgreSQL → cdcd → Kafka → Structured Streaming (Spark's Kafka source,
+    ``read_committed``) → Delta Lake, for ``items`` (a truncate, then a column added) and
+    ``docs`` (key changes leaving the TOASTed body unchanged): cdcd first streams the workload
+    up to the truncate and the query of ``items`` runs (availableNow) and stops; then cdcd
+    streams the rest, the query of ``items`` restarts from its checkpoint and the one of
+    ``docs`` starts. Each table equals the source."""
+    write_config(
+        workload.stream_cfg.parent,
+        workload.db.dsn,
+        slot="cdcd_spark_stream",
+        name="sparkstream",
+        sinks=[{"type": "kafka", "bootstrap_servers": kafka_broker.bootstrap}],
+    )
+    tables = ("public.items", "public.docs")
+
+    def stream_all(tables: tuple[str, ...]) -> None:
+        for table in tables:
+            query = stream_table(
+                spark,
+                table,
+                str(tmp_path / table),
+                str(tmp_path / f"cp-{table}"),
+                kafka_bootstrap=kafka_broker.bootstrap,
+                topic=f"sparkstream.{table}",
+                read_committed=True,
+            )
+            query.awaitTermination()
+            assert query.exception() is None, table
+
+    run_cdcd("run", "--config", str(workload.stream_cfg), "--endpos", workload.mid_lsn)
+    stream_all(tables[:1])  # docs has no event (and no topic) yet
+    items = table_ref(str(tmp_path / "public.items"))
+    assert "extra" not in spark.table(items).columns
+    assert table_rows(spark, items).count() == 0  # truncated, nothing inserted yet
+    endpos = workload.db.fetchval("SELECT pg_current_wal_lsn()::text")
+    run_cdcd("run", "--config", str(workload.stream_cfg), "--endpos", endpos)
+    stream_all(tables)
+    for table in tables:
+        assert_same_state(table_rows(spark, table_ref(str(tmp_path / table))), workload, table)
+
+
+def test_s3_files_to_iceberg(spark: Any, workload: Workload, tmp_path: Path) -> None:
+    """The JSON Lines file sink on S3 (moto on loopback) → Structured Streaming over
+    ``s3a://`` → Iceberg (the session's hadoop catalog): ``items`` (a truncate, a column
+    added) equals the source."""
+    from cdcd.spark.session import s3_conf
+
+    store = workload.s3
+    assert store.endpoint and store.access_key and store.secret_key
+    settings = s3_conf(store.endpoint, store.access_key, store.secret_key, store.region)
+    for key, value in settings.items():  # the session's Hadoop settings, at run time
+        spark.conf.set(key.removeprefix("spark.hadoop."), value)
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS iceberg.cdcd_test")
+    target = "iceberg.cdcd_test.items_from_s3"
+    spark.sql(f"DROP TABLE IF EXISTS {target}")
+    query = stream_table(
+        spark,
+        "public.items",
+        target,
+        str(tmp_path / "cp"),
+        path=f"s3a://{workload.s3_prefix}",
+        target_format="iceberg",
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+    assert_same_state(table_rows(spark, target), workload, "public.items")
 
 
 async def consume(bootstrap: str, topic: str, count: int) -> list[Any]:
@@ -394,9 +477,12 @@ def test_cli_help() -> None:
 def synthetic(spark: Any, events: list[dict[str, Any]]) -> Any:
     """A DataFrame of contract-shaped events written here (cases a workload cannot force)."""
     import orjson
+    from pyspark.sql import functions as F
 
-    lines = [orjson.dumps(e).decode() for e in events]
-    return spark.read.json(spark.createDataFrame([(line,) for line in lines], "value string"))
+    from cdcd.spark.sources import json_schema
+
+    lines = spark.createDataFrame([(orjson.dumps(e).decode(),) for e in events], "value string")
+    return lines.select(F.from_json("value", json_schema(lines)).alias("e")).select("e.*")
 
 
 def event(op: str, lsn: int, seq: int, before: Any = None, after: Any = None, **src: Any) -> Any:
@@ -426,16 +512,12 @@ def test_key_changes_with_unchanged_toast(spark: Any, workload: Workload, tmp_pa
     # in listing order (docs/spark.md): here one second apart, in name order
     for i, path in enumerate(data_files(workload.jsonl / table)):
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
-    query = stream_files_to_parquet(
-        spark,
-        str(workload.jsonl),
-        table,
-        str(tmp_path / "s"),
-        str(tmp_path / "cp"),
-        max_files_per_trigger=1,
+    target = table_ref(str(tmp_path / "docs"))
+    query = stream_table(
+        spark, table, target, str(tmp_path / "cp"), str(workload.jsonl), max_files_per_trigger=1
     )
     query.awaitTermination()
-    assert_same_state(read_state(spark, str(tmp_path / "s")), workload, table)
+    assert_same_state(table_rows(spark, target), workload, table)
 
 
 def test_replays_across_batches_synthetic(spark: Any) -> None:
