@@ -31,11 +31,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from cdcd.spark.autocdc import AutoCdc, AutoCdcError
 from cdcd.spark.sources import FORMATS
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         if name in ("stream", "apply"):
             job.add_argument("--target-format", choices=("delta", "iceberg"), default="delta")
             job.add_argument("--iceberg-warehouse", help="local session: the iceberg catalog")
+            _auto_cdc_arguments(job)
         if name == "state":
             job.add_argument("--mode", choices=("overwrite", "errorifexists"), default="overwrite")
         if name == "apply":
@@ -82,6 +85,41 @@ def _parser() -> argparse.ArgumentParser:
             job.add_argument("--read-committed", action="store_true", help="exactly-once mode")
             job.add_argument("--schema-from", help="a file sink path whose _schema/ to use")
     return parser
+
+
+def _auto_cdc_arguments(job: argparse.ArgumentParser) -> None:
+    """AUTO CDC's options (docs/spark.md), named as ``create_auto_cdc_flow`` names them."""
+    group = job.add_argument_group("AUTO CDC (create_auto_cdc_flow's options)")
+    group.add_argument("--column-list", help="columns written (comma-separated; keys always)")
+    group.add_argument("--except-column-list", help="columns not written (comma-separated)")
+    group.add_argument(
+        "--stored-as-scd-type",
+        "--scd-type",
+        dest="stored_as_scd_type",
+        choices=("1", "2"),
+        default="1",
+        help="1: current rows; 2: history with __START_AT/__END_AT",
+    )
+    group.add_argument("--track-history-column-list", help="type 2: changes that open versions")
+    group.add_argument(
+        "--track-history-except-column-list", help="type 2: changes updating in place"
+    )
+
+
+_OPTION = re.compile(
+    r"\b(track_history_except_column_list|track_history_column_list|except_column_list"
+    r"|column_list|stored_as_scd_type)\b"
+)
+
+
+def _auto_cdc(args: argparse.Namespace) -> AutoCdc:
+    return AutoCdc(
+        args.column_list,
+        args.except_column_list,
+        args.stored_as_scd_type,
+        args.track_history_column_list,
+        args.track_history_except_column_list,
+    )
 
 
 def _keys(values: list[str]) -> list[str] | None:
@@ -108,6 +146,11 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         parser.error("stream needs --input PATH (files) or --kafka-bootstrap HOST:PORT")
     if args.job == "stream" and args.kafka_bootstrap and not (args.topic or args.name):
         parser.error("a Kafka stream needs --topic, or --name (cdcd's name, the topic prefix)")
+    if args.job in ("stream", "apply"):
+        try:
+            _auto_cdc(args)
+        except AutoCdcError as exc:
+            parser.error(_OPTION.sub(lambda m: "--" + m[0].replace("_", "-"), str(exc)))
     if spark is not None:
         run(spark, args)
         return 0
@@ -157,6 +200,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> None:
             target_format=args.target_format,
             available_now=not args.continuous,
             max_files_per_trigger=args.max_files,
+            **_auto_cdc(args).options(),
         )
         query.awaitTermination()
         log.info("stream %s: stopped after %.1fs", args.table, time.monotonic() - started)
@@ -181,7 +225,8 @@ def run(spark: SparkSession, args: argparse.Namespace) -> None:
         from cdcd.spark.tables import apply_to_table, table_ref
 
         target = table_ref(args.output, args.target_format)
-        apply_to_table(spark, events, target, keys, args.target_format, args.table)
+        options = _auto_cdc(args).options()
+        apply_to_table(spark, events, target, keys, args.target_format, args.table, **options)
     log.info("%s %s: done in %.1fs", args.job, args.table, time.monotonic() - started)
 
 

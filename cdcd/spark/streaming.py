@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import DataType, StructField, StructType
 
+from cdcd.spark.autocdc import AutoCdc
 from cdcd.spark.columns import METADATA
 from cdcd.spark.schema import event_schema_for, event_schema_from_files, table_folder
 from cdcd.spark.sources import (
@@ -96,9 +97,23 @@ def stream_table(
     max_files_per_trigger: int | None = None,
     processing_time: str = "10 seconds",
     kafka_options: Mapping[str, str] | None = None,
+    *,
+    column_list: Sequence[str] | str | None = None,
+    except_column_list: Sequence[str] | str | None = None,
+    stored_as_scd_type: int | str = 1,
+    track_history_column_list: Sequence[str] | str | None = None,
+    track_history_except_column_list: Sequence[str] | str | None = None,
 ) -> StreamingQuery:
     """Start the stream of ``table`` (``schema.table``) into ``target`` (a Delta folder or a
-    table name, :func:`cdcd.spark.tables.table_ref`) and return the query (see the module)."""
+    table name, :func:`cdcd.spark.tables.table_ref`) and return the query (see the module).
+    The keyword-only options are AUTO CDC's (:mod:`cdcd.spark.autocdc`), checked here."""
+    cdc = AutoCdc(
+        column_list,
+        except_column_list,
+        stored_as_scd_type,
+        track_history_column_list,
+        track_history_except_column_list,
+    )
     ref = table_ref(target, target_format)
     prepare: Callable[[DataFrame], DataFrame] | None = None
     if kafka_bootstrap is not None:
@@ -147,6 +162,7 @@ def stream_table(
         processing_time,
         prepare=prepare,
         label=table,
+        cdc=cdc,
     )
 
 

@@ -49,10 +49,13 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     ShortType,
+    StructType,
 )
 
+from cdcd.spark.autocdc import START_AT, AutoCdc, AutoCdcError
 from cdcd.spark.columns import COMMIT_LSN, DELETED, METADATA, SEQ, default_key_columns, row_type
 from cdcd.spark.merge import _q, merge_changes
+from cdcd.spark.scd2 import SCD2_COLUMNS, merge_scd2, scd2_columns_ddl
 from cdcd.spark.state import apply_changes, current_rows
 
 log = logging.getLogger("cdcd.spark")
@@ -130,14 +133,19 @@ def prepare_table(
     events: DataFrame,
     format: str = "delta",
     label: str | None = None,
+    scd2: bool = False,
 ) -> None:
     """Create ``target`` for the events' columns, or bring its columns up to them (the
-    module's rules). ``label`` names the source table in errors (default: the events')."""
+    module's rules). ``label`` names the source table in errors (default: the events').
+    ``scd2``: a type 2 table (:mod:`cdcd.spark.scd2`); an existing table must be of that kind."""
     row = row_type(events)
     table = read_table(spark, target)
     if table is None:
         columns = [_ddl(f.name, f.dataType) for f in row.fields]
-        columns += [f"{COMMIT_LSN} bigint", f"{SEQ} bigint", f"{DELETED} boolean"]
+        if scd2:
+            columns += scd2_columns_ddl()
+        else:
+            columns += [f"{COMMIT_LSN} bigint", f"{SEQ} bigint", f"{DELETED} boolean"]
         properties = (
             " TBLPROPERTIES ('delta.enableTypeWidening' = 'true')" if format == "delta" else ""
         )
@@ -147,6 +155,12 @@ def prepare_table(
         )
         return
     have = {f.name: f.dataType for f in table.schema.fields}
+    if (START_AT in have) != scd2:
+        kind, other = ("a type 2", "1") if START_AT in have else ("a type 1", "2")
+        raise AutoCdcError(
+            f"stored_as_scd_type={other}: {target} is {kind} table (it has "
+            f"{'' if START_AT in have else 'no '}{START_AT}); write to another table"
+        )
     missing = [f for f in row.fields if f.name not in have]
     for f in row.fields:
         old = have.get(f.name)
@@ -172,6 +186,16 @@ def _label(events: DataFrame) -> str:
     return f"{first[0][0]}.{first[0][1]}" if first else "the table"
 
 
+def narrow(events: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """``events`` whose ``after`` and ``before`` hold only ``columns``."""
+    for side in ("after", "before"):
+        side_type = events.schema[side].dataType if side in events.columns else None
+        if isinstance(side_type, StructType):
+            kept = [F.col(side).getField(c).alias(c) for c in columns if c in side_type.names]
+            events = events.withColumn(side, F.when(F.col(side).isNotNull(), F.struct(*kept)))
+    return events
+
+
 def apply_to_table(
     spark: SparkSession,
     events: DataFrame,
@@ -179,9 +203,23 @@ def apply_to_table(
     key_columns: Sequence[str] | None = None,
     format: str = "delta",
     label: str | None = None,
+    *,
+    column_list: Sequence[str] | str | None = None,
+    except_column_list: Sequence[str] | str | None = None,
+    stored_as_scd_type: int | str = 1,
+    track_history_column_list: Sequence[str] | str | None = None,
+    track_history_except_column_list: Sequence[str] | str | None = None,
 ) -> dict[str, Any]:
     """Apply one batch of one table's ``events`` to ``target`` (created when missing): the
-    module's rules. Returns figures (events, seconds, newest commit_lsn), also logged."""
+    module's rules, with the AUTO CDC options of :class:`cdcd.spark.autocdc.AutoCdc`.
+    Returns figures (events, seconds, newest commit_lsn), also logged."""
+    cdc = AutoCdc(
+        column_list,
+        except_column_list,
+        stored_as_scd_type,
+        track_history_column_list,
+        track_history_except_column_list,
+    )
     started = time.monotonic()
     events = events.localCheckpoint()
     figures = events.agg(
@@ -190,8 +228,18 @@ def apply_to_table(
     if not figures["events"]:
         return {"events": 0, "seconds": 0.0, "commit_lsn": None}
     keys = list(default_key_columns(events) if key_columns is None else key_columns)
-    prepare_table(spark, target, events, format, label)
-    if keys:
+    if cdc.scd2 and not keys:
+        raise AutoCdcError(
+            f"stored_as_scd_type=2: {label or _label(events)} has no key (give key columns)"
+        )
+    available = row_type(events).names
+    columns = cdc.columns(available, keys)
+    if columns != available:
+        events = narrow(events, columns)
+    prepare_table(spark, target, events, format, label, cdc.scd2)
+    if cdc.scd2:
+        merge_scd2(spark, events, target, keys, cdc.tracked(columns, keys))
+    elif keys:
         merge_changes(spark, events, target, keys, tombstones=True)
     else:  # a multiset (cdcd.spark.keyless): the whole table, rewritten in one commit
         current = spark.table(target)
@@ -199,8 +247,8 @@ def apply_to_table(
         view = f"cdcd_keyless_{uuid.uuid4().hex[:12]}"
         state.createOrReplaceTempView(view)
         try:
-            columns = ", ".join(_q(c) for c in current.columns)
-            spark.sql(f"INSERT OVERWRITE {target} SELECT {columns} FROM {view}")
+            names = ", ".join(_q(c) for c in current.columns)
+            spark.sql(f"INSERT OVERWRITE {target} SELECT {names} FROM {view}")
         finally:
             spark.catalog.dropTempView(view)
     result = {
@@ -219,8 +267,12 @@ def apply_to_table(
 
 
 def table_rows(spark: SparkSession, target: str) -> DataFrame:
-    """The visible rows of a target table: no tombstones, no hidden columns."""
-    return current_rows(spark.table(target))
+    """The visible rows of a target table: no tombstones, no hidden columns; of a type 2
+    table, every version with its ``__START_AT`` / ``__END_AT``."""
+    table = spark.table(target)
+    if START_AT in table.columns:
+        return table.drop(*(c for c in SCD2_COLUMNS if c.startswith("_cdc_")))
+    return current_rows(table)
 
 
 def stream_to_table(
@@ -233,15 +285,18 @@ def stream_to_table(
     processing_time: str = "10 seconds",
     prepare: Callable[[DataFrame], DataFrame] | None = None,
     label: str | None = None,
+    cdc: AutoCdc | None = None,
 ) -> StreamingQuery:
     """Start a streaming query applying each micro-batch of ``events`` (a streaming DataFrame
     of one table's events; or of records that ``prepare`` turns into events, per batch) to
-    ``target`` and return it. ``available_now`` processes what is there and stops."""
+    ``target`` with the AUTO CDC options ``cdc`` and return it. ``available_now`` processes
+    what is there and stops."""
+    options = (cdc or AutoCdc()).options()
 
     def each_batch(batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         batch_events = prepare(batch) if prepare is not None else batch
-        figures = apply_to_table(spark, batch_events, target, key_columns, format, label)
+        figures = apply_to_table(spark, batch_events, target, key_columns, format, label, **options)
         if figures["events"]:
             log.info("batch %d: %d events", batch_id, figures["events"])
 
@@ -263,6 +318,7 @@ __all__ = [
     "TABLE_FORMATS",
     "SchemaChangeError",
     "apply_to_table",
+    "narrow",
     "prepare_table",
     "read_table",
     "stream_to_table",
