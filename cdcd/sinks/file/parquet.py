@@ -85,7 +85,9 @@ FIRST_CONVERT_ROWS = 1024
 # Arrow's default pool (mimalloc) keeps freed buffers for reuse, so row groups written long
 # ago still count in the process's RSS (about 40 MB more in a W3-style run at a 32 MiB
 # buffer.memory_limit); the system allocator gives them back, which keeps the sink within its
-# memory_budget (docs/guarantees.md).
+# memory_budget (docs/guarantees.md). This is the pool of pyarrow's Python calls (building the
+# batches); the Parquet writer's own buffers come from the C++ default, which the package sets
+# (cdcd/sinks/file/__init__.py).
 pa.set_memory_pool(pa.system_memory_pool())
 #: Row groups are encoded and compressed here (Arrow releases the GIL meanwhile), so decoding
 #: the next events overlaps with writing the previous ones. One thread: FIFO for all files.
