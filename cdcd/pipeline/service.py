@@ -224,6 +224,7 @@ class Pipeline:
                 "reset after the slot was recreated",
                 self.recreator.reset(source.consistent_point, source.recreated),
             )
+        writer.on_durable += [self.incremental.record_durable, self.recreator.record_durable]
         self.acker = Acker(tracker, assembler, writer, reader, supervisor, self.stats, self._stop)
         return await self._stream(supervisor, reader, writer, self.acker, source)
 
@@ -245,17 +246,24 @@ class Pipeline:
             tasks.add(asyncio.create_task(self.recreator.run(), name="slot-recreate"))
         stop_waiter = asyncio.create_task(self._stop.wait(), name="stop")
         tasks.add(stop_waiter)
-        if self._latency is not None:
-            # the sinks' own positions (the tracker learns them only at the acker's tick, 0.2 s):
-            # told by each sink as its position moves, and polled for a sink that does not tell
-            sinks = self.sinks
-            latency_log = self._latency
+        # The sinks' own positions, told by each sink as its position moves (a file sink's
+        # background flush, Kafka's acknowledgements), so that the snapshots record their
+        # durable chunks at once rather than at the acker's next tick (0.2 s): what a crash
+        # makes them read and emit again stays small. Polled for a sink that does not tell.
+        sinks = self.sinks
+        latency_log = self._latency
 
-            def lowest() -> int:
-                return min(s.durable_lsn() for s in sinks)
+        def lowest() -> int:
+            return min(s.durable_lsn() for s in sinks)
 
-            for sink in sinks:
-                sink.durable_listener = lambda: latency_log.durable(lowest())
+        def told() -> None:
+            writer.poll_durable()
+            if latency_log is not None:
+                latency_log.durable(lowest())
+
+        for sink in sinks:
+            sink.durable_listener = told
+        if latency_log is not None:
             tasks.add(asyncio.create_task(latency_log.watch(lowest), name="latency"))
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -166,6 +166,9 @@ class Writer:
             stats.sinks[:] = [SinkStats(sink.type_name) for sink in sinks]
         # a first flush is due flush_interval after the start, not at once
         self._last_flush = [time.monotonic()] * len(sinks)
+        # called after a flush made more durable: the snapshots record their durable chunks
+        # at once, so that a crash right after a flush re-reads as little as possible
+        self.on_durable: list[Callable[[], None]] = []
         self._flush_wanted = [False] * len(sinks)  # request_flush: flush at the next chance
         for sink in sinks:  # the sinks' own buffers: half the limit, shared out
             sink.memory_budget = memory_limit // (2 * len(sinks))
@@ -251,10 +254,14 @@ class Writer:
 
     def poll_durable(self) -> None:
         """Tell the tracker what each sink holds durably now."""
+        before = self._tracker.durable_lsn()
         for i, sink in enumerate(self.sinks):
             lsn = sink.durable_lsn()
             self._tracker.durable(i, lsn)
             self._stats.sinks[i].durable_lsn = lsn
+        if self._tracker.durable_lsn() > before:
+            for listener in self.on_durable:
+                listener()
 
     # -- building items ----------------------------------------------------------------------
 
@@ -520,6 +527,8 @@ class Writer:
         stats.durable_lsn = lsn
         if self._latency is not None:
             self._latency.durable(self._tracker.durable_lsn())
+        for listener in self.on_durable:
+            listener()
 
 
 def _record_batches(

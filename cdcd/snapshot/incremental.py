@@ -694,23 +694,25 @@ class IncrementalSnapshot:
             unread = next((i for i, d in enumerate(undurable) if d.end_lsn < 0), None)
             if unread is not None:
                 del undurable[unread:]
-        while undurable:
-            await asyncio.sleep(0.1)
-            self.record_durable()
-        del self._undurable[name]
-        if entry["status"] != "done":  # removed, or started over
-            progress.status = entry["status"] if entry["status"] != "running" else "pending"
-            return
-        progress.status = "done"
-        log.info(
-            "incremental snapshot of table done",
-            dropped=progress.dropped,
-            chunks=progress.chunks,
-            table=name,
-            rows=rows_done,
-            bytes=progress.bytes,
-            seconds=round(time.monotonic() - started, 3),
-        )
+        try:
+            while undurable:
+                await asyncio.sleep(0.1)
+                self.record_durable()
+        finally:  # also when cdcd stops meanwhile: the state may say done already
+            del self._undurable[name]
+            if entry["status"] == "done":
+                progress.status = "done"
+                log.info(
+                    "incremental snapshot of table done",
+                    dropped=progress.dropped,
+                    chunks=progress.chunks,
+                    table=name,
+                    rows=rows_done,
+                    bytes=progress.bytes,
+                    seconds=round(time.monotonic() - started, 3),
+                )
+            else:  # removed, started over, or stopped before its last chunk was durable
+                progress.status = entry["status"] if entry["status"] != "running" else "pending"
 
     async def _chunk(
         self, what: _ChunkRead, done: _Done, slot: _Slot, keyed: asyncio.Event, sizer: ChunkSizer

@@ -793,11 +793,32 @@ class KafkaSink(Sink):
                     batches.window_bytes -= entry.size
                     self._stats["records_acked"] += entry.records.count
             self._changed.set()
-            await self._producer.begin_transaction()
+            try:
+                await self._producer.begin_transaction()
+            except Exception as exc:
+                self._failure = self._translate(exc)
+                self._changed.set()
+                raise self._failure from exc
 
     def _raise_failure(self) -> None:
+        if self._failure is None and self._fenced() is not None:
+            self._failure = self._translate(kerrors.ProducerFenced())
         if self._failure is not None:
             raise self._failure
+
+    def _fenced(self) -> BaseException | None:
+        """Exactly once: the error that left the producer's transactions in their fatal state
+        (a newer producer with the same transactional id), or None."""
+        manager = getattr(self._producer, "_txn_manager", None)
+        if not self.exactly_once or manager is None or not manager.is_fatal_error():
+            return None
+        waiter: asyncio.Future[None] = manager.wait_for_transaction_end()
+        if waiter.done() and not waiter.cancelled():
+            error = waiter.exception()  # also marks it retrieved: no "never retrieved" log
+            if error is not None:
+                return error
+        fenced: BaseException = kerrors.ProducerFenced()
+        return fenced
 
     def _translate(
         self,
@@ -809,9 +830,15 @@ class KafkaSink(Sink):
         batch: Batch | None = None,
         starting: bool = False,
     ) -> SinkError:
-        """aiokafka's exception as cdcd's; ``batch``: the failing one (its first record)."""
+        """aiokafka's exception as cdcd's; ``batch``: the failing one (its first record).
+        Exactly once: once a newer producer fenced this one, every later call fails in some
+        way of aiokafka's own (a state assertion, a batch failed by its dead sender): the
+        fencing is the error to report."""
         if batch is not None:
             where = batch.where
+        fenced = self._fenced()
+        if fenced is not None:
+            exc = fenced
         return translate_error(
             exc,
             self.config,
