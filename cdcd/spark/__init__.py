@@ -16,6 +16,10 @@ Keep a Delta Lake or Iceberg table up to date (:mod:`cdcd.spark.tables`,
     apply_to_table(spark, events, "delta.`/lake/orders`")   one MERGE INTO per batch
     table_rows(spark, "delta.`/lake/orders`")               the visible rows
 
+Both take AUTO CDC's options (:mod:`cdcd.spark.autocdc`): ``column_list``,
+``except_column_list``, ``stored_as_scd_type=1|2`` (type 2: :mod:`cdcd.spark.scd2`),
+``track_history_column_list``, ``track_history_except_column_list``.
+
 Batch jobs (:mod:`cdcd.spark.state`, :mod:`cdcd.spark.history`)::
 
     deduplicate(events)                         one row per (source.commit_lsn, source.seq)
@@ -27,6 +31,7 @@ Batch jobs (:mod:`cdcd.spark.state`, :mod:`cdcd.spark.history`)::
 Command line: ``python -m cdcd.spark stream|apply|state|history ...`` (:mod:`cdcd.spark.cli`).
 """
 
+from cdcd.spark.autocdc import AutoCdc, AutoCdcError
 from cdcd.spark.history import history
 from cdcd.spark.merge import merge_changes, merge_sql
 from cdcd.spark.schema import event_schema_from_files, spark_type
@@ -41,6 +46,8 @@ from cdcd.spark.streaming import stream_table
 from cdcd.spark.tables import SchemaChangeError, apply_to_table, table_ref, table_rows
 
 __all__ = [
+    "AutoCdc",
+    "AutoCdcError",
     "SchemaChangeError",
     "apply_changes",
     "apply_to_table",

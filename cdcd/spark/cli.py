@@ -17,6 +17,10 @@ configured on the session: ``--iceberg-warehouse DIR`` makes a local session's `
 catalog). Kafka: ``--kafka-bootstrap HOST:PORT`` (topic ``<name>.<schema>.<table>``, or
 ``--topic``), ``--read-committed`` for cdcd's exactly-once mode, ``--schema-from PATH`` to take
 the column types from a file sink's ``_schema/`` files (else the target's, then the values').
+``stream`` and ``apply`` take AUTO CDC's options (:mod:`cdcd.spark.autocdc`):
+``--column-list`` / ``--except-column-list A,B``, ``--stored-as-scd-type 1|2`` and, for type 2,
+``--track-history-column-list`` / ``--track-history-except-column-list A,B``; bad
+combinations exit 2 naming the flags before Spark starts.
 
 Common options: ``--format jsonl|parquet`` (files), ``--key COL`` (may repeat or hold a
 comma-separated list; default: the events' ``key`` struct), ``--master`` (a local session,

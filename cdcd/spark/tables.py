@@ -233,12 +233,16 @@ def apply_to_table(
             f"stored_as_scd_type=2: {label or _label(events)} has no key (give key columns)"
         )
     available = row_type(events).names
-    columns = cdc.columns(available, keys)
+    try:
+        columns = cdc.columns(available, keys)
+        tracked = cdc.tracked(columns, keys)
+    except AutoCdcError as exc:
+        raise AutoCdcError(f"{label or _label(events)}: {exc}") from None
     if columns != available:
         events = narrow(events, columns)
     prepare_table(spark, target, events, format, label, cdc.scd2)
     if cdc.scd2:
-        merge_scd2(spark, events, target, keys, cdc.tracked(columns, keys))
+        merge_scd2(spark, events, target, keys, tracked)
     elif keys:
         merge_changes(spark, events, target, keys, tombstones=True)
     else:  # a multiset (cdcd.spark.keyless): the whole table, rewritten in one commit

@@ -8,6 +8,7 @@ only (through the command line's stream job); ``column_list`` / ``except_column_
 # ruff: noqa: F811  (fixtures are imported, then used as parameters)
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from tests.sparkutil import (  # noqa: F401
 )
 
 pytest.importorskip("pyspark")
+
+from pyspark.sql import functions as F
 
 from cdcd.spark import apply_to_table, events_from_files, table_ref, table_rows
 from cdcd.spark import cli as spark_cli
@@ -104,6 +107,20 @@ def test_scd2_history_delta_and_iceberg(spark: Any, tmp_path: Path) -> None:
     # the version of 4 was updated in place by (60, 1): its newest position
     four = spark.table(delta).where("id = 4").collect()
     assert [(r["_cdc_commit_lsn"], r["_cdc_seq"]) for r in four] == [(60, 1)]
+    # commit times, as docs/spark.md joins them: the events' source.ts_us at each position
+    at = events.select(
+        F.struct("source.commit_lsn", "source.seq"), F.timestamp_micros("source.ts_us")
+    ).distinct()
+    timed = (
+        table_rows(spark, delta)
+        .join(at.toDF("__START_AT", "start_time"), "__START_AT", "left")
+        .join(at.toDF("__END_AT", "end_time"), "__END_AT", "left")
+    )
+    two = timed.where("id = 2").collect()[0]
+    assert (two["start_time"], two["end_time"]) == (
+        dt.datetime(2024, 11, 22, 0, 0, 0, 10_000),
+        dt.datetime(2024, 11, 22, 0, 0, 0, 30_000),
+    )
 
     spark.sql("CREATE NAMESPACE IF NOT EXISTS iceberg.cdcd_test")
     iceberg = "iceberg.cdcd_test.scd2_orders"
