@@ -16,7 +16,8 @@ Sources:
   aborted transactions are never seen). Each micro-batch's values are parsed with the
   ``_schema/`` files of ``schema_from`` (a file sink path, when one is written too), else with
   the target table's columns plus, for fields the table lacks, types inferred from the batch's
-  values. Tombstones (null values) are dropped; the headers ``cdcd.commit_lsn``/``cdcd.seq``
+  values (a type 2 target's ``__START_AT`` / ``__END_AT`` are not source columns). Tombstones
+  (null values) are dropped; the headers ``cdcd.commit_lsn``/``cdcd.seq``
   repeat what the value's ``source`` holds.
 
 Restarting a query from its checkpoint resumes after the last committed micro-batch; the one
@@ -33,7 +34,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import DataType, StructField, StructType
 
-from cdcd.spark.autocdc import AutoCdc
+from cdcd.spark.autocdc import END_AT, START_AT, AutoCdc
 from cdcd.spark.columns import METADATA
 from cdcd.spark.schema import event_schema_for, event_schema_from_files, table_folder
 from cdcd.spark.sources import (
@@ -69,7 +70,7 @@ def kafka_batch_schema(
     have = {
         f.name: f.dataType
         for f in (existing.schema.fields if existing is not None else [])
-        if f.name not in METADATA
+        if f.name not in METADATA and f.name not in (START_AT, END_AT)
     }
     columns = {**have, **{name: t for name, t in seen.items() if name not in have}}
     key_type = inferred["key"].dataType

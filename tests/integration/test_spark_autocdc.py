@@ -187,3 +187,35 @@ def test_column_list_and_except_column_list(spark: Any, tmp_path: Path) -> None:
     assert [tuple(r) for r in table_rows(spark, without).collect()] == [(1, "big", 2)]
     with pytest.raises(AutoCdcError, match="except_column_list: id is a key column"):
         apply_to_table(spark, events, without, except_column_list=["id", "tag"])
+
+
+def test_scd2_from_kafka_records(spark: Any, tmp_path: Path) -> None:
+    """Kafka values parsed per batch without ``_schema/`` files (the streaming job's way: the
+    target's columns, then types inferred from the values): a type 2 target's own
+    ``__START_AT`` / ``__END_AT`` are not taken for source columns."""
+    from types import SimpleNamespace
+
+    import orjson
+
+    from cdcd.spark.sources import events_from_kafka_records, kafka_records_frame
+    from cdcd.spark.streaming import kafka_batch_schema
+
+    target = table_ref(str(tmp_path / "kafka"))
+    for number, batch in enumerate(HISTORY):
+        records = [
+            SimpleNamespace(
+                key=orjson.dumps(e["key"]),
+                value=orjson.dumps(e),
+                topic="shop.public.orders",
+                partition=0,
+                offset=number * 10 + i,
+                timestamp=0,
+                headers=[],
+            )
+            for i, e in enumerate(batch)
+        ]
+        frame = kafka_records_frame(spark, records)
+        schema = kafka_batch_schema(spark, frame, target, TABLE)
+        events = events_from_kafka_records(spark, frame, schema)
+        apply_to_table(spark, events, target, stored_as_scd_type=2)
+    assert versions(table_rows(spark, target), "id", "note", "n") == VERSIONS
