@@ -631,6 +631,37 @@ async def test_exactly_once_resumes_after_an_uncommitted_crash(kafka_broker: Kaf
     assert sorted((lsn, int(dict(headers)["cdcd.seq"])) for lsn, headers in positions) == written
 
 
+async def test_exactly_once_commit_inside_a_write_claims_what_it_holds(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """A window that fills in the middle of a write commits the Kafka transaction there: the
+    position committed with it is the last event added so far, not the last of the write (a
+    crash right after would otherwise lose the rest: the next start skips it)."""
+    name = unique_name()
+    txn, events = TxnBuilder().next([("c", "orders", {"id": i}) for i in range(10)])
+    topic = f"{name}.public.orders"
+    first = make_sink(kafka_broker, name, exactly_once=True, buffer_records=4)
+    await first.start()
+    try:
+        await first.begin(txn)
+        await first.write(events)  # full after 4 and after 8 records: two Kafka commits
+        assert first.stats()["kafka_commits"] == 2
+    finally:
+        await first.close()  # a crash: the last two records were never committed
+    assert len(await consume_committed(kafka_broker.bootstrap, [topic], 8, timeout=3)) == 8
+
+    second = make_sink(kafka_broker, name, exactly_once=True, buffer_records=4)
+    await second.start()
+    try:
+        await run_txn(second, txn, events)  # PostgreSQL resends the whole transaction
+        await second.flush()
+        assert second.durable_lsn() == txn.end_lsn
+    finally:
+        await second.close()
+    records = await consume_committed(kafka_broker.bootstrap, [topic], 10)
+    assert sorted(int(dict(r.headers)["cdcd.seq"]) for r in records) == [e.seq for e in events]
+
+
 async def test_exactly_once_fences_the_older_sink(kafka_broker: KafkaBroker) -> None:
     """A second sink with the same transactional id takes over: the first one's next commit
     fails with a definite error that says so (exit 3), and its open transaction is aborted."""

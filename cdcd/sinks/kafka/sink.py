@@ -332,15 +332,17 @@ class KafkaSink(Sink):
             return
         if self._skip_seq >= 0:
             events = [e for e in events if e.seq > self._skip_seq]
-        if self.exactly_once and events:
-            last = events[-1]
-            self._position = Position(last.commit_lsn, last.seq, False)
         batches = self._batches
         batches.record_limit = self.config.buffer_records
         batches.byte_limit = self._buffer_bytes
         i = 0
         while i < len(events):
             i = batches.add_events(events, i)
+            if self.exactly_once and i:
+                # the last event added: a full window commits the Kafka transaction below, in
+                # the middle of ``events``, and its position must not claim what follows
+                last = events[i - 1]
+                self._position = Position(last.commit_lsn, last.seq, False)
             topic = batches.missing_topic
             if topic is not None:
                 batches.missing_topic = None
