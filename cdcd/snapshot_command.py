@@ -24,8 +24,9 @@ from cdcd.progress_rate import (
     show_estimate,
     show_percent,
 )
-from cdcd.snapshot.incremental import NO_KEY, IncrementalState
 from cdcd.snapshot.signals import KEY_ENV, sign, signal_key
+from cdcd.snapshot.state import IncrementalState
+from cdcd.snapshot.table import NO_KEY
 from cdcd.snapshot.watermarks import SIGNAL
 from cdcd.source import conn_params, open_sql
 from cdcd.source.queries import emit_message

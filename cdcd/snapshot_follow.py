@@ -25,7 +25,7 @@ from cdcd.progress_rate import (
     show_estimate,
     show_percent,
 )
-from cdcd.snapshot.incremental import IncrementalState
+from cdcd.snapshot.state import IncrementalState
 
 #: a table's snapshot has ended in these statuses
 ENDED = ("done", "skipped", "removed")

@@ -3,7 +3,10 @@
 - :mod:`cdcd.snapshot.initial`: every published table at the slot's exported snapshot, before
   streaming starts (``snapshot.mode``);
 - :mod:`cdcd.snapshot.incremental`: tables read in key-ordered chunks while streaming goes on,
-  asked for with ``cdcd snapshot --table`` (DBLog);
+  asked for with ``cdcd snapshot --table`` (DBLog): one table's chunks in
+  :mod:`cdcd.snapshot.table`, the connections they share in :mod:`cdcd.snapshot.workers`, what
+  is recorded once durable in :mod:`cdcd.snapshot.state`, the chunk size in
+  :mod:`cdcd.snapshot.chunk_size`;
 - :mod:`cdcd.snapshot.watermarks`: the reader's side of those chunks, their watermark windows
   in the replication stream.
 

@@ -10,7 +10,8 @@ import pytest
 from cdcd.config import load_config
 from cdcd.errors import ConfigError
 from cdcd.pipeline.progress import ProgressTracker
-from cdcd.snapshot.incremental import IncrementalSnapshot, IncrementalState
+from cdcd.snapshot.incremental import IncrementalSnapshot
+from cdcd.snapshot.state import IncrementalState
 from cdcd.stats import Stats
 from tests.e2e import write_config
 
@@ -72,6 +73,6 @@ def test_tables_read_at_once_share_the_workers(
         ProgressTracker(1),
         Stats(),
     )
-    snap._reading[:] = reading
-    assert [snap._share(name) for name in reading] == shares
+    snap.workers.reading[:] = reading
+    assert [snap.workers.share(name) for name in reading] == shares
     assert sum(shares) == workers

@@ -13,7 +13,7 @@ from cdcd.config.loading import parse_config
 from cdcd.errors import EXIT_FAILURE, EXIT_OK
 from cdcd.health import Health
 from cdcd.progress_rate import RateMeter, duration
-from cdcd.snapshot.incremental import IncrementalState
+from cdcd.snapshot.state import IncrementalState
 from cdcd.snapshot_command import status
 from cdcd.snapshot_follow import follow, line
 from cdcd.stats import Stats, TableSnapshot
