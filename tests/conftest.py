@@ -9,6 +9,7 @@ with its replication slots and prepared transactions.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,6 +41,29 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+def all_versions() -> bool:
+    """Whether ``CDCD_TEST_ALL_VERSIONS=1`` (or the older ``CDCD_TEST_ALL_CRASH=1``) asks for
+    the ``slow`` tests on every PostgreSQL version."""
+    return "1" in (os.environ.get("CDCD_TEST_ALL_VERSIONS"), os.environ.get("CDCD_TEST_ALL_CRASH"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (crash loops, million-row runs, memory peaks: none of them about
+    what differs between versions) run on the newest PostgreSQL only, unless
+    :func:`all_versions`. Skipped here, before any fixture: no server starts for them."""
+    newest = _INSTALLS[0]
+    if newest is None or all_versions():
+        return
+    skip = pytest.mark.skip(
+        reason=f"slow: on PostgreSQL {newest.major} only (CDCD_TEST_ALL_VERSIONS=1: all)"
+    )
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        install = callspec.params.get("pg_install", newest) if callspec is not None else newest
+        if install != newest and item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(
     scope="session",
     params=_INSTALLS,
@@ -54,15 +78,27 @@ def pg_install(request: pytest.FixtureRequest) -> PgInstall:
 
 
 @pytest.fixture(scope="session")
-def pg_cluster(pg_install: PgInstall) -> Iterator[PgCluster]:
-    """A started cluster, one per installed major version, shared by the session."""
-    reap_stale_clusters()
-    cluster = PgCluster(pg_install)
+def _pg_clusters() -> Iterator[dict[PgInstall, PgCluster]]:
+    """The shared clusters by installation, destroyed at the end of the session."""
+    clusters: dict[PgInstall, PgCluster] = {}
     try:
-        cluster.start()
-        yield cluster
+        yield clusters
     finally:
-        cluster.destroy()
+        for cluster in clusters.values():
+            cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(pg_install: PgInstall, _pg_clusters: dict[PgInstall, PgCluster]) -> PgCluster:
+    """A started cluster, one per installed major version, shared by the session. pytest
+    finishes a parametrized session fixture whenever the next test takes another version;
+    the cluster outlives that (in ``_pg_clusters``), so tests may run in any order."""
+    cluster = _pg_clusters.get(pg_install)
+    if cluster is None:
+        reap_stale_clusters()
+        cluster = _pg_clusters[pg_install] = PgCluster(pg_install)
+        cluster.start()
+    return cluster
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ transactional and non-transactional logical messages and prepared transactions t
 unresolved for a while. It counts what it commits; when a COMMIT's outcome is unknown (the
 server went away), it asks the server (``pg_xact_status``, ``pg_prepared_xacts``).
 
-Only the newest installed PostgreSQL runs these by default (they take a while);
-``CDCD_TEST_ALL_CRASH=1`` runs them on every version. ``CDCD_CRASH_SEED`` fixes the seed.
+Marked ``slow``: only the newest installed PostgreSQL runs these by default (they take a while);
+``CDCD_TEST_ALL_VERSIONS=1`` runs them on every version (tests/conftest.py). ``CDCD_CRASH_SEED`` fixes the seed.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from tests.e2e import (
     start_cdcd,
     write_config,
 )
-from tests.pgharness import PgCluster, PgDatabase, PgInstall, create_database, find_installations
+from tests.pgharness import PgCluster, PgDatabase, create_database
 from tests.tcpproxy import TcpProxy
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 SEED = int(os.environ.get("CDCD_CRASH_SEED", "20241122"))
 SLOT = "cdcd_e2e"
@@ -63,13 +63,6 @@ TRUTH_SLOT = "crash_truth"
 #: table -> key columns; every table is in the publication
 TABLES = {"acct": ("id",), "item": ("id",), "note": ("k1", "k2")}
 _DATA_NAME = re.compile(r"[0-9A-F]{16}-[0-9A-F]{8}\.jsonl")
-
-
-@pytest.fixture(autouse=True)
-def _newest_only(pg_install: PgInstall) -> None:
-    newest = max(i.major for i in find_installations())
-    if pg_install.major != newest and os.environ.get("CDCD_TEST_ALL_CRASH") != "1":
-        pytest.skip(f"crash tests run on PostgreSQL {newest} only (CDCD_TEST_ALL_CRASH=1: all)")
 
 
 # --------------------------------------------------------------------------- the workload

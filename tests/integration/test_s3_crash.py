@@ -19,7 +19,6 @@ from tests.integration.test_crash_safety import (
     SEED,
     Daemon,
     Workload,
-    _newest_only,  # noqa: F401  (autouse: newest PostgreSQL only)
     assert_exactly_once,
     assert_nothing_confirmed_is_missing,
     daemons,  # noqa: F401  (fixture)

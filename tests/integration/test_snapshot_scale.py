@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
 import threading
@@ -30,7 +29,7 @@ import yaml
 from cdcd.config.models import SnapshotConfig
 from tests.e2e import consume_prefix, data_files, run_cdcd, start_cdcd, write_config
 from tests.kafkaharness import KafkaBroker
-from tests.pgharness import PgDatabase, PgInstall, find_installations
+from tests.pgharness import PgDatabase
 
 pytestmark = [pytest.mark.pg, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -267,15 +266,11 @@ def test_a_million_rows_under_writes_and_kill_9(pg_db: PgDatabase, tmp_path: Pat
 
 @pytest.mark.kafka
 async def test_kafka_rows_emitted_again_after_kill_9(
-    pg_db: PgDatabase, pg_install: PgInstall, tmp_path: Path, kafka_broker: KafkaBroker
+    pg_db: PgDatabase, tmp_path: Path, kafka_broker: KafkaBroker
 ) -> None:
     """Kafka: records a kill interrupts may be in the topic already (at least once), so what
     a kill emits again is the chunks produced but not yet recorded (at most
-    ``snapshot.chunks_in_flight``). On the newest PostgreSQL only (CDCD_TEST_ALL_CRASH=1:
-    every version): the reader's side is the file test's."""
-    newest = max(i.major for i in find_installations())
-    if pg_install.major != newest and os.environ.get("CDCD_TEST_ALL_CRASH") != "1":
-        pytest.skip(f"runs on PostgreSQL {newest} only (CDCD_TEST_ALL_CRASH=1: all)")
+    ``snapshot.chunks_in_flight``)."""
     rows = KAFKA_ROWS
     name = "snap" + uuid.uuid4().hex[:6]
     sink = {
