@@ -19,7 +19,7 @@ the Parquet runs would peak about 50 MB higher (216 and 231 MiB against 169 and 
 keeps glibc returning large freed blocks (:func:`cdcd.runtime.return_large_blocks`: the TOAST
 run 170-176 MiB without, 160-165 with). The Parquet writer's own buffers come from the system
 allocator, not mimalloc (``cdcd/sinks/file/__init__.py``; compiled modules, PostgreSQL 18:
-huge 162-164 → 146-148 MiB, TOAST 155-157 → 142-144, the Kafka runs 88-106).
+huge 162-164 → 146-148 MiB, TOAST 154-159 → 143-149, the Kafka runs 88-106).
 """
 
 from __future__ import annotations
