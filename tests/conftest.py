@@ -47,21 +47,34 @@ def all_versions() -> bool:
     return "1" in (os.environ.get("CDCD_TEST_ALL_VERSIONS"), os.environ.get("CDCD_TEST_ALL_CRASH"))
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``slow`` (crash loops, million-row runs, memory peaks: none of them about
     what differs between versions) run on the newest PostgreSQL only, unless
-    :func:`all_versions`. Skipped here, before any fixture: no server starts for them."""
+    :func:`all_versions`. Skipped here, before any fixture: no server starts for them.
+
+    The ``slow`` and ``spark`` tests that do run go first (after pytest's grouping by version,
+    hence ``trylast``): pytest-xdist hands tests out in this order, so the two workers start
+    on the long ones and end together on short unit tests instead of one waiting for the
+    other's Spark job or wheel build."""
     newest = _INSTALLS[0]
-    if newest is None or all_versions():
-        return
     skip = pytest.mark.skip(
-        reason=f"slow: on PostgreSQL {newest.major} only (CDCD_TEST_ALL_VERSIONS=1: all)"
+        reason=f"slow: on PostgreSQL {newest.major if newest else '?'} only "
+        "(CDCD_TEST_ALL_VERSIONS=1: all)"
     )
+    first, rest = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
         install = callspec.params.get("pg_install", newest) if callspec is not None else newest
-        if install != newest and item.get_closest_marker("slow") is not None:
+        slow = item.get_closest_marker("slow") is not None
+        if slow and install != newest and not all_versions():
             item.add_marker(skip)
+            rest.append(item)
+        elif slow or item.get_closest_marker("spark") is not None:
+            first.append(item)
+        else:
+            rest.append(item)
+    items[:] = first + rest
 
 
 @pytest.fixture(
