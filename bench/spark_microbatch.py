@@ -1,6 +1,6 @@
 """What a micro-batch MERGE into a Delta Lake table costs next to rebuilding the table.
 
-    python -m bench.spark_microbatch [--rows 1000000] [--batch 1000]
+    python -m bench.spark_microbatch [--rows 1000000] [--batch 1000] [--scd-type 1|2]
 
 Writes a table folder the way the file sink does (``_schema/`` file, JSON Lines files named by
 position) holding ``--rows`` inserts, then times, on a local ``local[2]`` session with the
@@ -15,7 +15,9 @@ pinned Delta Lake (:func:`cdcd.spark.session.session`):
 * **micro-batch, random keys**: ``--batch`` updates of keys drawn uniformly from the whole
   table (every file of the table touched).
 
-Prints one JSON object with the seconds and the ratios to the rebuild.
+``--scd-type 2`` writes a type 2 table (AUTO CDC's ``stored_as_scd_type=2``: every version
+kept, :mod:`cdcd.spark.scd2`) instead. Prints one JSON object with the seconds and the ratios
+to the rebuild.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--memory", default="2g")
+    parser.add_argument("--scd-type", type=int, choices=(1, 2), default=1)
     args = parser.parse_args()
 
     from cdcd.spark.session import session
@@ -129,7 +132,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cdcd-spark-bench-"))
 
     def apply_batch(events: Any, target: str) -> None:
-        apply_to_table(spark, events, target, format="delta")
+        apply_to_table(spark, events, target, format="delta", stored_as_scd_type=args.scd_type)
 
     try:
         src, dst = work / "out", table_ref(str(work / "orders"))
@@ -163,6 +166,7 @@ def main() -> None:
             "rows": args.rows,
             "batch_events": args.batch,
             "target": "delta",
+            "scd_type": args.scd_type,
             "rebuild_s": round(full, 2),
             "oltp_batch_s": [round(s, 2) for s in oltp],
             "oltp_batch_median_s": round(statistics.median(oltp), 2),

@@ -41,14 +41,11 @@ from pyspark.sql import functions as F
 
 from cdcd.spark.autocdc import END_AT, START_AT
 from cdcd.spark.columns import COMMIT_LSN, DELETED, ROW_OPS, SEQ, row_type
+from cdcd.spark.merge import _q, key_values
 from cdcd.spark.state import OP, ORDER, _prepare, _versions
 
 POSITION = "struct<commit_lsn:bigint,seq:bigint>"
 SCD2_COLUMNS = (START_AT, END_AT, COMMIT_LSN, SEQ)
-
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _pos(lsn: str, seq: str) -> Column:
@@ -78,9 +75,10 @@ def scd2_columns_ddl() -> list[str]:
 
 
 def newest_versions(target: DataFrame, keys: list[str]) -> DataFrame:
-    """Per key, the newest version of a type 2 table, as an
-    :func:`~cdcd.spark.state.apply_changes` state row (``_cdc_deleted`` when closed, the
-    position the newest one the key knows) plus its ``__START_AT``."""
+    """Per key, the newest version of a type 2 table as an
+    :func:`~cdcd.spark.state.apply_changes` state row, plus its ``__START_AT``: a closed
+    version is a tombstone (``_cdc_deleted``) at its ``__END_AT``, so its position is the
+    newest one the key knows either way."""
     by_key = Window.partitionBy(*keys).orderBy(F.col(START_AT).desc())
     newest = target.withColumn("_cdc_rank", F.row_number().over(by_key)).where("_cdc_rank = 1")
     closed = F.col(END_AT).isNotNull()
@@ -218,8 +216,6 @@ def merge_scd2(
 ) -> str:
     """Apply one batch of ``events`` (already narrowed to the written columns) to the type 2
     table ``target``; returns the statement that ran."""
-    from cdcd.spark.merge import key_values
-
     events = events.localCheckpoint()
     types = {f.name: f.dataType for f in row_type(events).fields}
     columns = list(types)
