@@ -307,6 +307,7 @@ def test_table_added_to_the_publication_is_backfilled(pg_db: PgDatabase, tmp_pat
     assert sum(e["op"] == "r" for e in events) == 501
 
 
+@pytest.mark.slow  # kills: on the newest PostgreSQL only (tests/conftest.py)
 def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> None:
     rows = 10000
     pg_db.execute(
@@ -430,6 +431,7 @@ def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_p
     assert "extra" not in reads[0]
 
 
+@pytest.mark.slow  # a server restart: on the newest PostgreSQL only (tests/conftest.py)
 def test_server_restart_during_the_snapshot(
     pg_cluster_factory: Callable[..., PgCluster], tmp_path: Path
 ) -> None:
