@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 
 from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.decoder.events import Column, Delete, Insert, Message, Relation, TupleData, Update
@@ -660,6 +660,42 @@ async def test_exactly_once_commit_inside_a_write_claims_what_it_holds(
         await second.close()
     records = await consume_committed(kafka_broker.bootstrap, [topic], 10)
     assert sorted(int(dict(r.headers)["cdcd.seq"]) for r in records) == [e.seq for e in events]
+
+
+async def test_exactly_once_start_after_a_commit_cut_short(kafka_broker: KafkaBroker) -> None:
+    """cdcd killed while committing: its position record was sent, the commit never came, and
+    the successor's InitProducerId aborts it. The position topic then ends with aborted
+    records and a marker, which a read_committed consumer never moves past: the start takes
+    the broker's last stable offset as the end instead of waiting for good."""
+    name = unique_name()
+    build = TxnBuilder()
+    txns = [build.next([("c", "orders", {"id": 10 * t + i}) for i in range(3)]) for t in range(3)]
+    first = make_sink(kafka_broker, name, exactly_once=True)
+    await first.start()  # creates the position topic; killed before its first commit ended
+    await first.close()
+    cut = AIOKafkaProducer(
+        bootstrap_servers=kafka_broker.bootstrap, transactional_id=first.transactional_id
+    )
+    await cut.start()
+    try:
+        await cut.begin_transaction()
+        await cut.send_and_wait(
+            first.position_topic, b'{"bogus": true}', key=first.transactional_id.encode()
+        )
+    finally:
+        await cut.stop()  # no commit, no abort: the next producer's start aborts it
+
+    second = make_sink(kafka_broker, name, exactly_once=True)
+    await asyncio.wait_for(second.start(), 20)
+    try:
+        for txn, events in txns:  # nothing committed: all of them
+            await run_txn(second, txn, events)
+        await second.flush()
+        assert second.durable_lsn() == txns[-1][0].end_lsn
+    finally:
+        await second.close()
+    records = await consume_committed(kafka_broker.bootstrap, [f"{name}.public.orders"], 9)
+    assert len(records) == 9
 
 
 async def test_exactly_once_fences_the_older_sink(kafka_broker: KafkaBroker) -> None:

@@ -11,6 +11,7 @@ transaction after the confirmed LSN.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass
 from typing import Any
@@ -88,12 +89,27 @@ async def read_position(
 async def _last_with_key(
     consumer: AIOKafkaConsumer, tp: TopicPartition, first: int, end: int, key: bytes, timeout: int
 ) -> bytes | None:
+    """The value of the last record under ``key`` in ``[first, end)`` that a read_committed
+    consumer sees. The tail may hold only an aborted transaction's records and its marker
+    (cdcd killed while committing: its successor's InitProducerId aborted them); the
+    consumer's position does not move past those, but the last stable offset the broker
+    reports with them does."""
     consumer.seek(tp, first)
     found: bytes | None = None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout / 1000
     while await consumer.position(tp) < end:
-        batch = await consumer.getmany(tp, timeout_ms=timeout)
+        batch = await consumer.getmany(tp, timeout_ms=200)
         if not batch:
-            raise TimeoutError(f"reading {tp.topic} stopped short of offset {end}")
+            stable = consumer.last_stable_offset(tp)
+            if stable is not None and stable >= end:
+                # fetched up to the end: what is left is not for read_committed consumers
+                # (records fetched with that offset are buffered already: take them first)
+                batch = await consumer.getmany(tp, timeout_ms=0)
+                if not batch:
+                    break
+            elif loop.time() > deadline:
+                raise TimeoutError(f"reading {tp.topic} stopped short of offset {end}")
         for record in batch.get(tp, []):
             if record.key == key and record.value is not None:
                 found = record.value
