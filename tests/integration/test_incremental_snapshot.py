@@ -147,6 +147,7 @@ def _setup(pg_db: PgDatabase) -> None:
     )
 
 
+@pytest.mark.slow  # three workloads: newest PostgreSQL only (conftest.py)
 def test_snapshot_alongside_a_workload(pg_db: PgDatabase, tmp_path: Path) -> None:
     _setup(pg_db)
     cfg = _config(tmp_path, pg_db.dsn, "incremental", chunks_in_flight=1)
@@ -222,6 +223,7 @@ def _streaming(proc: Any, tmp_path: Path) -> None:
     _wait(lambda: bool(_log_lines(tmp_path, "streaming")), 60, "streaming", proc)
 
 
+@pytest.mark.slow  # a daemon, signals and three more runs: newest PostgreSQL only (conftest.py)
 def test_snapshot_on_demand_through_a_signal(pg_db: PgDatabase, tmp_path: Path) -> None:
     _setup(pg_db)
     cfg = _config(tmp_path, pg_db.dsn, "never")
@@ -307,7 +309,7 @@ def test_table_added_to_the_publication_is_backfilled(pg_db: PgDatabase, tmp_pat
     assert sum(e["op"] == "r" for e in events) == 501
 
 
-@pytest.mark.slow  # kills: on the newest PostgreSQL only (tests/conftest.py)
+@pytest.mark.slow  # kills: newest PostgreSQL only (conftest.py)
 def test_kill_9_during_a_snapshot_resumes(pg_db: PgDatabase, tmp_path: Path) -> None:
     rows = 10000
     pg_db.execute(
@@ -397,6 +399,7 @@ def throttled(proc: Any, seconds: float) -> Iterator[None]:
         proc.send_signal(signal.SIGCONT)
 
 
+@pytest.mark.slow  # 10,000 rows in 500 chunks: newest PostgreSQL only (conftest.py)
 def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_path: Path) -> None:
     rows = 10000  # 500 chunks: the change lands in the middle, and a loaded host ends in time
     pg_db.execute(
@@ -431,7 +434,7 @@ def test_tables_altered_and_dropped_during_the_snapshot(pg_db: PgDatabase, tmp_p
     assert "extra" not in reads[0]
 
 
-@pytest.mark.slow  # a server restart: on the newest PostgreSQL only (tests/conftest.py)
+@pytest.mark.slow  # a server restart: newest PostgreSQL only (conftest.py)
 def test_server_restart_during_the_snapshot(
     pg_cluster_factory: Callable[..., PgCluster], tmp_path: Path
 ) -> None:

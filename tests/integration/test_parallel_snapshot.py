@@ -207,7 +207,7 @@ def test_workers_tuned_to_the_rate(pg_db: PgDatabase, tmp_path: Path) -> None:
     assert sorted(e["key"]["id"] for e in events) == list(range(1, rows + 1))
 
 
-@pytest.mark.slow  # kills: on the newest PostgreSQL only (tests/conftest.py)
+@pytest.mark.slow  # kills: newest PostgreSQL only (conftest.py)
 def test_kill_during_a_parallel_snapshot(pg_db: PgDatabase, tmp_path: Path) -> None:
     _setup(pg_db)
     cfg = _config(tmp_path, pg_db.dsn)
@@ -284,7 +284,7 @@ def test_tables_without_a_key_in_incremental_snapshots(pg_db: PgDatabase, tmp_pa
     assert comparable(apply_events(events)) == _source(pg_db, "ri", "a, b, v")
 
 
-@pytest.mark.slow  # kills: on the newest PostgreSQL only (tests/conftest.py)
+@pytest.mark.slow  # kills: newest PostgreSQL only (conftest.py)
 def test_incremental_snapshot_with_workers(pg_db: PgDatabase, tmp_path: Path) -> None:
     """Chunks of one table read at once over four connections, each between its own
     watermarks, under a workload; kill -9 in the middle resumes below every chunk in flight.

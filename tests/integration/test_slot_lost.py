@@ -418,7 +418,7 @@ def test_dropped_slot_without_snapshots(
     assert (tmp_path / "cdcd-state" / f"{SLOT}.slot.json").exists()
 
 
-@pytest.mark.slow  # kills: on the newest PostgreSQL only (tests/conftest.py)
+@pytest.mark.slow  # kills: newest PostgreSQL only (conftest.py)
 def test_recreate_killed_midway(
     tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster]
 ) -> None:
@@ -461,7 +461,7 @@ def test_recreate_killed_midway(
         )
 
 
-@pytest.mark.slow  # the sink's side: on the newest PostgreSQL only (tests/conftest.py)
+@pytest.mark.slow  # the sink's side: newest PostgreSQL only (conftest.py)
 async def test_recreate_with_kafka(
     tmp_path: Path, pg_cluster_factory: Callable[..., PgCluster], kafka_broker: Any
 ) -> None:
