@@ -54,7 +54,14 @@ from cdcd.decoder.events import (
 from cdcd.errors import AssemblyError
 from cdcd.lsn import format_lsn
 
-__all__ = ["COMPACT_BYTES", "DEFAULT_MEMORY_LIMIT", "Assembler", "change_size", "record_size"]
+__all__ = [
+    "COMPACT_BYTES",
+    "DEFAULT_MEMORY_LIMIT",
+    "Assembler",
+    "PartPolicy",
+    "change_size",
+    "record_size",
+]
 
 DEFAULT_MEMORY_LIMIT: Final = 256 << 20
 
@@ -64,6 +71,27 @@ _CHANGE_TAGS: Final = (b"I", b"U", b"D")  # pgoutput Insert, Update, Delete
 _RUN_TAGS: Final = (b"I", b"U", b"D", b"B", b"C")  # those, Begin and Commit: feed_run's
 
 _BufferKind = Literal["regular", "prepare", "stream"]
+
+
+class PartPolicy:
+    """Which regular transactions may be released in parts, by commit LSN, read at each Begin.
+    Plain data that the pipeline keeps up to date (:mod:`cdcd.pipeline.stream`): none past
+    ``until``, ``resume`` always, none committing before ``since``, none while ``hold``."""
+
+    __slots__ = ("hold", "resume", "since", "until")
+
+    def __init__(self) -> None:
+        self.until: int | None = None  # --endpos: past it, never handed
+        self.resume: int | None = None  # being handed in parts, resent after a reconnect
+        self.since = 0  # the end of the last transaction queued: before it, a resend
+        self.hold = False  # an incremental snapshot's watermark window is open
+
+    def allows(self, commit_lsn: int) -> bool:
+        if self.until is not None and commit_lsn > self.until:
+            return False
+        if commit_lsn == self.resume:
+            return True
+        return commit_lsn >= self.since and not self.hold
 
 
 class _Buffer:
@@ -135,7 +163,7 @@ class Assembler:
     bytes of a transaction's decoded records beyond which it moves to the compact form.
     ``on_type`` receives every Type message. ``part_bytes``: accounted bytes of a regular
     transaction's changes beyond which they are released as a part while it still arrives
-    (None: never; docs/assembler.md, "Parts"); :attr:`may_part` may refuse it per transaction.
+    (None: never; docs/assembler.md, "Parts"); :attr:`part_policy` may refuse it per transaction.
     """
 
     def __init__(
@@ -150,8 +178,8 @@ class Assembler:
         self._memory_limit = memory_limit
         self._parts = part_bytes is not None
         self._part_bytes = part_bytes or 0
-        #: Asked at each Begin with the transaction's commit LSN: may it be released in parts?
-        self.may_part: Callable[[int], bool] | None = None
+        #: Read at each Begin with the transaction's commit LSN: may it be released in parts?
+        self.part_policy = PartPolicy()
         #: Renders the row JSON of a streamed transaction's change as it arrives (the pgoutput
         #: bytes, with the xid, and its Relation; None: left to the release), kept with it
         #: (docs/assembler.md, "Rendering streamed changes"). None: nothing is rendered.
@@ -275,9 +303,7 @@ class Assembler:
                 self._check_outside("Begin", lsn)
                 buf = self._current = _Buffer("regular", msg.xid, lsn, final_lsn=msg.final_lsn)
                 buf.commit_time = msg.commit_time
-                buf.parting = self._parts and (
-                    self.may_part is None or self.may_part(msg.final_lsn)
-                )
+                buf.parting = self._parts and self.part_policy.allows(msg.final_lsn)
             case Commit():
                 return self._on_commit(msg, lsn)
             case Origin():

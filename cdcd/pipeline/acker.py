@@ -14,7 +14,6 @@ import contextlib
 
 import structlog
 
-from cdcd.assembler.assembler import Assembler
 from cdcd.errors import CdcdError, DefiniteSourceError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
@@ -32,7 +31,6 @@ class Acker:
     def __init__(
         self,
         tracker: ProgressTracker,
-        assembler: Assembler,
         writer: Writer,
         reader: Reader,
         supervisor: Supervisor,
@@ -40,7 +38,6 @@ class Acker:
         stop: asyncio.Event,
     ) -> None:
         self.tracker = tracker
-        self.assembler = assembler
         self.writer = writer
         self.reader = reader
         self.supervisor = supervisor
@@ -51,7 +48,7 @@ class Acker:
         """Confirm what may be confirmed; send a status update if it moved (or ``final``)."""
         tracker = self.tracker
         self.writer.poll_durable()
-        ceiling = self.assembler.confirm_ceiling()
+        ceiling = self.reader.handover.ceiling()  # the assembler's, and parts being handed
         answer = tracker.confirmable(ceiling)
         if answer.position > tracker.confirmed_lsn:
             log.debug(

@@ -18,24 +18,25 @@ The inputs
 ----------
 * **Durable positions, per sink** (:meth:`durable`): the end LSN of the newest transaction the
   sink holds durably. The confirmable position never passes their minimum.
-* **The assembler's in-flight ceiling** (the argument of :meth:`confirmable`): the smallest first
-  LSN of the transaction being received, the streamed transactions not yet committed or aborted,
-  and the prepared transactions not yet resolved; None when there is none. The assembler owns
-  that state (``Assembler.confirm_ceiling``); it is read when the question is asked, so it is
-  never stale.
+* **The in-flight ceiling** (the argument of :meth:`confirmable`): the smallest first LSN of
+  the transaction being received, the streamed transactions not yet committed or aborted, the
+  prepared transactions not yet resolved, and a transaction being handed in parts (below); None
+  when there is none. The assembler and the reader's handover own that state
+  (``Handover.ceiling`` in :mod:`cdcd.pipeline.stream`); it is read when the question is asked,
+  so it is never stale.
 * **Queued transactions** (:meth:`queued`): a committed transaction handed from the reader to the
   writer. End LSNs strictly increase in delivery order; one whose end LSN is not beyond the last
   queued is a resend after a reconnect, and :meth:`queued` says to drop it. End LSNs are what
   identifies a resend: a non-transactional message's end LSN is its LSN (the end of its record,
   where the next commit record may start), and positions are made unique separately (the
   message's position is its LSN - 1, see docs/events.md). The reader reports a released transaction here before its next ``await``.
-* **A transaction handed over while it arrives** (:meth:`handing`): the reader hands a regular
-  transaction to the writer in parts before its Commit arrives (docs/assembler.md, "Parts").
-  From its first part until it is queued whole it is in flight from its first LSN, whatever
-  the assembler holds: after a reconnect the assembler has forgotten it (the server resends it
-  from its start, and the reader drops what was handed already), but the sinks hold part of it.
-  The sinks' durable positions are end LSNs of whole transactions, so a part being durable
-  confirms nothing.
+* **A transaction handed over while it arrives** (part of the ceiling): the reader hands a
+  regular transaction to the writer in parts before its Commit arrives (docs/assembler.md,
+  "Parts"). From its first part until it is queued whole it is in flight from its first LSN,
+  whatever the assembler holds: after a reconnect the assembler has forgotten it (the server
+  resends it from its start, and the reader drops what was handed already), but the sinks hold
+  part of it. The sinks' durable positions are end LSNs of whole transactions, so a part being
+  durable confirms nothing.
 * **Committed prepared transactions** (``prepared_cap`` of :meth:`queued`): once the confirmed
   position passes a PREPARE, the server never resends that transaction's changes (at COMMIT
   PREPARED it sends only Commit Prepared). So until the *committed* transaction is durable in
@@ -57,7 +58,7 @@ The inputs
 Invariants (tested in ``tests/unit/test_progress.py``, scenario tables and a property test):
 the confirmed position never moves backwards, and never passes the commit LSN of a queued
 transaction some sink does not yet hold durably, nor the first LSN of anything the assembler
-holds or of a transaction handed in parts and not yet queued whole.
+holds or of a transaction handed in parts and not yet queued whole (both in the ceiling).
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ class ProgressTracker:
         "_confirmed",
         "_durable",
         "_handed",
-        "_handing",
         "_keepalive",
         "_last_queued_end",
         "_received",
@@ -98,7 +98,6 @@ class ProgressTracker:
         self._durable = [0] * sinks
         self._handed = [0] * sinks
         self._last_queued_end = 0
-        self._handing: int | None = None  # first LSN of a transaction being handed in parts
         self._keepalive = 0
         self._received = 0
         self._session = 0
@@ -107,7 +106,7 @@ class ProgressTracker:
         # are not durable yet; end _FOREVER for one released past --endpos
         self._caps: list[tuple[int, int]] = []
 
-    # -- the reader --------------------------------------------------------------------------
+    # -- the reader (through cdcd.pipeline.stream.Handover only) ------------------------------
 
     def session_started(self) -> None:
         """A new replication session (start or reconnect): nothing streamed in it yet."""
@@ -139,21 +138,17 @@ class ProgressTracker:
         if end_lsn <= self._last_queued_end:
             return False
         self._last_queued_end = end_lsn
-        self._handing = None  # a transaction handed in parts is queued by its last part
         if prepared_cap is not None:
             self._caps.append((prepared_cap, end_lsn))
         return True
-
-    def handing(self, first_lsn: int) -> None:
-        """The first part of a transaction still arriving is handed to the writer: in flight
-        from ``first_lsn`` (at most its first LSN) until its last part is :meth:`queued`."""
-        self._handing = first_lsn
 
     def past_endpos(self, prepared_cap: int | None) -> None:
         """A transaction released beyond ``--endpos``: never handed to the sinks. If it was a
         prepared one, the confirmed position stays before its PREPARE for good."""
         if prepared_cap is not None:
             self._caps.append((prepared_cap, _FOREVER))
+
+    # -- the initial snapshot (before the first session) -------------------------------------
 
     def snapshot_started(self, point: int) -> None:
         """The initial snapshot's events (positioned at the slot's consistent ``point``) are
@@ -183,11 +178,6 @@ class ProgressTracker:
         return self._received
 
     @property
-    def handing_lsn(self) -> int | None:
-        """The first LSN of a transaction being handed in parts (:meth:`handing`), if any."""
-        return self._handing
-
-    @property
     def last_queued_end(self) -> int:
         return self._last_queued_end
 
@@ -200,21 +190,15 @@ class ProgressTracker:
         return self._durable[sink] < self._handed[sink]
 
     def caught_up(self, in_flight_ceiling: int | None) -> bool:
-        """Nothing in flight: the assembler holds nothing and every sink holds durably every
-        transaction ever queued."""
-        return (
-            in_flight_ceiling is None
-            and self._handing is None
-            and min(self._durable) >= self._last_queued_end
-        )
+        """Nothing in flight: the assembler holds nothing, no transaction is being handed in
+        parts, and every sink holds durably every transaction ever queued."""
+        return in_flight_ceiling is None and min(self._durable) >= self._last_queued_end
 
     def confirmable(self, in_flight_ceiling: int | None) -> Confirmable:
         """The position that may be confirmed now (never below what was confirmed before)."""
         durable = min(self._durable)
         position = durable if in_flight_ceiling is None else min(durable, in_flight_ceiling)
         idle = self.caught_up(in_flight_ceiling)
-        if self._handing is not None:
-            position = min(position, self._handing)
         if idle:
             position = max(position, min(self._keepalive, self._received))
         for cap, end_lsn in self._caps:

@@ -4,11 +4,12 @@
 
     ReplicationClient.message_batches() ──▶ PgOutputDecoder ──▶ Assembler ──Transaction──▶ Writer.put
 
-It tells the progress tracker (:mod:`cdcd.pipeline.progress`) what moved: data received,
-keepalives, each released transaction (before its next ``await``, so that a transaction is
-never in neither the assembler nor the tracker), and, once a whole batch has been taken in, how
-far the session has streamed. A transaction whose end LSN was queued before is a resend after a
-reconnect and is dropped. A transaction committed past ``--endpos`` ends the session.
+I/O and dispatch only: what to hand on is decided by the handover (:mod:`cdcd.pipeline.stream`),
+which the reader tells what moved — data received, keepalives, each released transaction (before
+its next ``await``, so that a transaction is never in neither the assembler nor the progress
+tracker), and, once a whole batch has been taken in, how far the session has streamed — and
+whose answers it carries out: put to the writer, drop (a resend after a reconnect, a watermark),
+end the session (``--endpos``).
 
 Begins, inserts, updates, deletes and commits that come in a row are fed in one compiled call
 (``Assembler.feed_run``): the changes of a large transaction that the assembler keeps in compact
@@ -17,8 +18,8 @@ call returns at each transaction (or part) released. Every other message (Relati
 logical messages, streaming and two-phase ones, Origin) goes through the loop here, one by one.
 
 A regular transaction is handed to the writer in parts while it arrives (docs/assembler.md,
-"Parts"); :mod:`cdcd.pipeline.parts` decides when, and what to put of each part after a
-reconnect. The last part is queued like a whole transaction.
+"Parts"); the handover decides when, and what to put of each part after a reconnect. The last
+part is queued like a whole transaction.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from cdcd.decoder import events as ev
 from cdcd.decoder.pgoutput import PgOutputDecoder
 from cdcd.errors import SpillError
 from cdcd.lsn import format_lsn
-from cdcd.pipeline.parts import Parts
 from cdcd.pipeline.progress import ProgressTracker
+from cdcd.pipeline.stream import Drop, Endpos, Handover, Put
 from cdcd.pipeline.writer import Writer
 from cdcd.replication.client import ReplicationClient
 from cdcd.replication.options import stream_options
@@ -82,9 +83,14 @@ class Reader:
         self.endpos = endpos
         self._stop = stop
         self.endpos_reached = False
-        self.watermarks = watermarks
-        self.parts = Parts(tracker, assembler.confirm_ceiling, endpos=endpos, watermarks=watermarks)
-        assembler.may_part = self.parts.may_part
+        self.handover = Handover(
+            tracker,
+            assembler.part_policy,
+            assembler.confirm_ceiling,
+            endpos=endpos,
+            watermarks=watermarks,
+            marker=marker,
+        )
 
     async def stream(self, client: ReplicationClient) -> None:
         """Stream from ``client`` until ``--endpos`` or a stop request (return) or a failure
@@ -93,17 +99,10 @@ class Reader:
         opts = stream_options(source, client.server_version)
         decoder = PgOutputDecoder(opts.proto_version)
         assembler = self.assembler
-        tracker = self.tracker
+        handover = self.handover
         assembler.reset()
-        tracker.session_started()
-        lost = self.parts.session_started()  # the server sends it again from its start
-        if lost is not None:  # unless the slot was recreated (cdcd.pipeline.recreate)
-            log.warning(
-                "the transaction being handed over in parts is lost with the slot",
-                commit_lsn=format_lsn(lost.commit_lsn),
-                handed=lost.handed,
-            )
-        confirmed = tracker.confirmed_lsn
+        handover.session_started()  # what is being handed in parts comes again from its start
+        confirmed = self.tracker.confirmed_lsn
         client.set_positions(written=confirmed, flushed=confirmed)
         await client.start_replication(source.slot, 0, opts.options)
         stats = self.stats
@@ -121,11 +120,8 @@ class Reader:
             if all(accel.status(imported_only=True).values())
             else "pure Python",
         )
-        endpos = self.endpos
         catalog = self.catalog
         writer = self.writer
-        watermarks = self.watermarks
-        marked = False  # the transaction being received carries a watermark or signal
         reads_before = stats.socket_reads
         async for batch in client.message_batches():
             # The server sends a message only after every transaction prepared or committed
@@ -135,6 +131,7 @@ class Reader:
             position = 0
             size = len(batch)
             while position < size:
+                handover.before_feed()
                 item = batch[position]
                 if type(item) is tuple:
                     # Begins, inserts, updates, deletes and commits, as many as come in a row,
@@ -163,9 +160,9 @@ class Reader:
                         msg = decoder.decode(data, lsn)
                         kind = type(msg)
                         if kind is ev.Message and msg.prefix in PREFIXES:  # type: ignore[union-attr]
-                            marked = True
+                            handover.marked()
                         elif kind is ev.Relation:
-                            tracker.received(streamed)
+                            handover.received(streamed)
                             await catalog.on_relation(msg)  # type: ignore[arg-type]
                         two_phase = kind in _TWO_PHASE_EVENTS
                         if two_phase:
@@ -181,61 +178,36 @@ class Reader:
                             )
                     if txn is None:
                         continue
-                    continued = not txn.ends or self.parts.handing is not None
-                    if continued:
-                        txn = self._in_parts(txn)
-                        if txn is None:
-                            continue
-                        if not txn.ends:
-                            await writer.put(txn)
-                            continue
-                        continued = not txn.begins
-                    tracker.received(streamed)
-                    if endpos is not None and txn.commit_lsn > endpos:
-                        tracker.past_endpos(cap)  # never handed to the sinks
-                        txn.release()
-                        tracker.streamed(streamed)
-                        self._reach_endpos()
-                        return
-                    if watermarks is not None and (marked or watermarks.window_open):
-                        # never for the last part of a transaction handed in parts (no window
-                        # is open then, and a transaction of watermark or signal has one change)
-                        mark = marker(txn) if marked and not continued else None
-                        marked = False
-                        if txn.end_lsn > tracker.last_queued_end:  # else a resend: below
-                            taken = watermarks.observe(txn, mark)
-                            if taken is not txn:
-                                txn.release()
-                                if taken is None:
-                                    continue  # a watermark or signal: not for the sinks
-                                txn = taken
-                                rel = next(txn.changes()).relations[0]  # a snapshot chunk
-                                if not catalog.knows(rel.oid):  # no change of it streamed yet
-                                    await catalog.on_relation(rel)
-                    if not tracker.queued(txn.end_lsn, cap):
-                        txn.release()  # resent after a reconnect; the sinks have it
-                        continue
-                    await writer.put(txn)
+                    action = handover.released(txn, streamed, cap)
+                    if action.resumed:
+                        self._log_resumed(action.txn, action.resumed)
+                    match action:
+                        case Put(txn=put, relation=rel, replaced=replaced):
+                            if replaced is not None:
+                                replaced.release()
+                            if rel is not None and not catalog.knows(rel.oid):
+                                await catalog.on_relation(rel)  # a snapshot chunk's
+                            await writer.put(put)
+                        case Drop(txn=dropped):
+                            dropped.release()
+                        case Endpos():
+                            txn.release()  # committed past it: never handed to the sinks
+                            self._reach_endpos()
+                            return
                 else:
                     position += 1
                     keepalives += 1
                     wal_end = cast(PrimaryKeepalive, item).wal_end
-                    tracker.keepalive(wal_end)
                     if wal_end > stats.server_wal_end:
                         stats.server_wal_end = wal_end
                     if wal_end > streamed:
                         streamed = wal_end
-                    # Unresolved prepared and uncommitted streamed transactions may remain: their
-                    # commit comes after the server's position, so after endpos; the confirmed
-                    # LSN stays before them (the assembler's ceiling), so the next run receives
-                    # them again.
-                    if endpos is not None and wal_end >= endpos and not assembler.in_transaction:
-                        tracker.streamed(streamed)
+                    if handover.keepalive(wal_end, streamed, assembler.in_transaction):
                         self._reach_endpos()
                         return
             stats.received_messages += len(batch) - keepalives
             stats.socket_reads = reads_before + client.socket_reads
-            tracker.streamed(streamed)
+            handover.streamed(streamed)
             self._gauges()
             if self._stop.is_set():
                 return
@@ -246,18 +218,13 @@ class Reader:
             f"{exc.strerror or exc} (free disk space or raise buffer.memory_limit)"
         )
 
-    def _in_parts(self, txn: Transaction) -> Transaction | None:
-        """What to put of ``txn``, a part of a transaction handed in parts (or one that comes
-        while it is): :meth:`Parts.take`, logging the changes dropped after a reconnect."""
-        handing = self.parts.handing
-        taken, resent = self.parts.take(txn)
-        if resent and handing is not None:
-            log.info(
-                "transaction resent after a reconnect: dropping the changes handed before",
-                commit_lsn=format_lsn(handing.commit_lsn),
-                handed=resent,
-            )
-        return taken
+    @staticmethod
+    def _log_resumed(txn: Transaction | None, resumed: int) -> None:
+        log.info(
+            "transaction resent after a reconnect: dropping the changes handed before",
+            commit_lsn=None if txn is None else format_lsn(txn.commit_lsn),
+            handed=resumed,
+        )
 
     def _gauges(self) -> None:
         a = self.assembler

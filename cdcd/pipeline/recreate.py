@@ -40,9 +40,10 @@ import structlog
 from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.config import Config
 from cdcd.decoder.events import Truncate
-from cdcd.errors import DefiniteSourceError, SlotLostError
+from cdcd.errors import SlotLostError
 from cdcd.lsn import format_lsn, unix_to_pg_us
 from cdcd.pipeline.progress import ProgressTracker
+from cdcd.pipeline.stream import Handover
 from cdcd.pipeline.writer import Writer
 from cdcd.snapshot.incremental import IncrementalSnapshot
 from cdcd.source.catalog import LiveCatalog
@@ -65,6 +66,7 @@ class SlotRecreator:
         catalog: LiveCatalog,
         incremental: IncrementalSnapshot,
         stats: Stats,
+        handover: Handover,
     ) -> None:
         self.config = config
         self.source = source
@@ -73,6 +75,7 @@ class SlotRecreator:
         self.catalog = catalog
         self.incremental = incremental
         self.stats = stats
+        self.handover = handover
         self.state = RecreateState(config.snapshot.state_dir, config.source.slot)
         self._until: int | None = None  # the reset's end LSN, until durable everywhere
 
@@ -99,14 +102,16 @@ class SlotRecreator:
         # nothing: the server has nothing before it to resend, and RecreateState redoes the
         # reset after a crash.
         self.tracker.confirm(point)
+        # the reset is queued (and a transaction being handed in parts forgotten) before the
+        # next session starts: its positions come after everything delivered before
+        lost = self.handover.slot_replaced(point, reset=bool(records))
+        if lost is not None:
+            log.warning(
+                "the transaction being handed over in parts is lost with the slot",
+                commit_lsn=format_lsn(lost.commit_lsn),
+                handed=lost.handed,
+            )
         if records:
-            if not self.tracker.queued(point):
-                raise DefiniteSourceError(
-                    f"the recreated slot starts at {format_lsn(point)}, before what cdcd already "
-                    f"delivered (up to {format_lsn(self.tracker.last_queued_end)}): the server's "
-                    "WAL is behind (a standby promoted without what cdcd had read?). Reset the "
-                    "consumers and start over ('cdcd slot drop')"
-                )
             txn = Transaction(
                 kind="reset",
                 xid=0,

@@ -214,7 +214,7 @@ class Pipeline:
         )
         self.supervisor = supervisor = Supervisor(source, reader, catalog, self.stats, self._stop)
         self.recreator = SlotRecreator(
-            cfg, source, writer, tracker, catalog, self.incremental, self.stats
+            cfg, source, writer, tracker, catalog, self.incremental, self.stats, reader.handover
         )
         if cfg.source.on_slot_lost == "recreate":
             supervisor.on_slot_lost = self.recreator.after_loss
@@ -225,7 +225,7 @@ class Pipeline:
                 self.recreator.reset(source.consistent_point, source.recreated),
             )
         writer.on_durable += [self.incremental.record_durable, self.recreator.record_durable]
-        self.acker = Acker(tracker, assembler, writer, reader, supervisor, self.stats, self._stop)
+        self.acker = Acker(tracker, writer, reader, supervisor, self.stats, self._stop)
         return await self._stream(supervisor, reader, writer, self.acker, source)
 
     async def _stream(

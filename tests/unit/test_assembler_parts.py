@@ -1,5 +1,5 @@
 """Assembler parts (docs/assembler.md, "Parts"): a regular transaction released while it
-arrives, and what is never released in parts (streamed, prepared, refused by ``may_part``)."""
+arrives, and what is never released in parts (streamed, prepared, refused by the part policy)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdcd.assembler.assembler import Assembler
+from cdcd.assembler.assembler import Assembler, PartPolicy
 from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import (
     BeginPrepare,
@@ -96,22 +96,33 @@ def test_small_transaction_is_one_whole_part() -> None:
     assert (txn.begins, txn.ends, txn.size, labels(txn)) == (True, True, 1, ["a"])
 
 
-def test_may_part_refuses_per_transaction() -> None:
+def test_the_part_policy_refuses_per_transaction() -> None:
     feed = feeder(part_bytes=PART)
-    asked: list[int] = []
-
-    def may_part(commit_lsn: int) -> bool:
-        asked.append(commit_lsn)
-        return commit_lsn % 2 == 0
-
-    feed.asm.may_part = may_part
-    b1, c1 = feed.begin(701)  # odd final LSN: refused
+    b1, c1 = feed.begin(701)
+    feed.asm.part_policy.since = b1.final_lsn + 1  # committed before the last one queued
     assert feed(b1, *[ins(str(i)) for i in range(40)]) == []
     (whole,) = feed(c1)
     assert (whole.begins, whole.ends, whole.size) == (True, True, 40)
     b2, c2 = feed.begin(702)
     assert len(feed(b2, *[ins(str(i)) for i in range(40)], c2)) > 1
-    assert asked == [b1.final_lsn, b2.final_lsn]
+    feed.asm.part_policy.hold = True  # a watermark window is open
+    b3, c3 = feed.begin(703)
+    assert len(feed(b3, *[ins(str(i)) for i in range(40)], c3)) == 1
+    feed.asm.part_policy.resume = b3.final_lsn  # unless it is being handed already
+    assert len(feed(b3, *[ins(str(i)) for i in range(40)], c3)) > 1
+    feed.asm.part_policy.until = b3.final_lsn - 1  # never past --endpos
+    assert len(feed(b3, *[ins(str(i)) for i in range(40)], c3)) == 1
+
+
+def test_part_policy_allows() -> None:
+    policy = PartPolicy()
+    assert policy.allows(0) and policy.allows(500)
+    policy.since, policy.until = 200, 400
+    assert [policy.allows(lsn) for lsn in (199, 200, 400, 401)] == [False, True, True, False]
+    policy.hold, policy.resume = True, 150
+    assert [policy.allows(lsn) for lsn in (150, 300)] == [True, False]
+    policy.resume = 450  # past until: never
+    assert not policy.allows(450)
 
 
 def test_no_parts_without_part_bytes() -> None:

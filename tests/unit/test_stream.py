@@ -1,5 +1,6 @@
-"""A transaction handed to the writer in parts across reconnects (cdcd.pipeline.parts): real
-assembler parts, the real progress tracker, the reader's calls without a server."""
+"""cdcd.pipeline.stream: a transaction handed to the writer in parts across reconnects, resends,
+--endpos, a replaced slot. Real assembler parts, the real progress tracker, the reader's calls
+without a server (tests/unit/test_stream_model.py drives it at random against invariants)."""
 
 from __future__ import annotations
 
@@ -8,45 +9,46 @@ import pytest
 from cdcd.assembler.assembler import Assembler
 from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Begin, Commit
-from cdcd.errors import AssemblyError
-from cdcd.pipeline.parts import Parts
+from cdcd.errors import AssemblyError, DefiniteSourceError
 from cdcd.pipeline.progress import ProgressTracker
+from cdcd.pipeline.stream import Drop, Endpos, Handover, Put
 from tests.unit.test_assembler import OID_A, Feeder, ins, relation
 from tests.unit.test_assembler_parts import PART, labels
 
 
 class Session:
-    """The reader's use of :class:`Parts`: each released transaction (or part) that is part of
-    a transaction handed in parts goes through :meth:`Parts.take`; what comes out is handed."""
+    """The reader's use of :class:`Handover`: each released transaction (or part) goes through
+    :meth:`Handover.released`; what it says to put is handed."""
 
     def __init__(self, endpos: int | None = None) -> None:
         self.tracker = ProgressTracker(1)
         self.asm = Assembler(part_bytes=PART)
-        self.parts = Parts(self.tracker, self.asm.confirm_ceiling, endpos=endpos, watermarks=None)
-        self.asm.may_part = self.parts.may_part
+        self.handover = Handover(
+            self.tracker, self.asm.part_policy, self.asm.confirm_ceiling, endpos=endpos
+        )
         self.handed: list[Transaction] = []
         self.resent: list[int] = []
+        self.ended = False
         self.reconnect()
 
     def reconnect(self) -> None:
         self.asm.reset()
-        self.tracker.session_started()
-        self.parts.session_started()
+        self.handover.session_started()
         self.feed = Feeder(self.asm)
         self.feed(relation(OID_A))
 
     def __call__(self, *msgs: object) -> None:
         for txn in self.feed(*msgs):  # type: ignore[arg-type]
-            if txn.ends and self.parts.handing is None:
-                put: Transaction | None = txn
-            else:
-                put, resent = self.parts.take(txn)
-                self.resent.append(resent)
-            if put is None:
-                continue
-            if put.ends and not self.tracker.queued(put.end_lsn):
-                continue  # a resend of one queued before
-            self.handed.append(put)
+            action = self.handover.released(txn, txn.end_lsn)
+            if not txn.ends or self.handover.handing is not None or action.resumed:
+                self.resent.append(action.resumed)
+            match action:
+                case Put(txn=put):
+                    self.handed.append(put)
+                case Drop():
+                    pass
+                case Endpos():
+                    self.ended = True
 
 
 def transaction(xid: int, rows: int) -> tuple[Begin, list[object], Commit]:
@@ -67,8 +69,8 @@ def test_a_transaction_resent_after_a_reconnect_goes_on_where_it_stopped() -> No
     begin, rows, commit = transaction(7, 60)
     s(begin, *rows[:25])  # the connection drops after a few parts
     before = len(s.handed)
-    assert before >= 2 and s.parts.handing is not None
-    handed = s.parts.handing.handed
+    assert before >= 2 and s.handover.handing is not None
+    handed = s.handover.handing.handed
     assert handed == sum(t.size for t in s.handed) and 0 < handed <= 25
     s.reconnect()  # the server sends it again from its start
     s(begin, *rows)
@@ -78,17 +80,19 @@ def test_a_transaction_resent_after_a_reconnect_goes_on_where_it_stopped() -> No
     assert [t.begins for t in s.handed] == [True] + [False] * (len(s.handed) - 1)
     assert [t.ends for t in s.handed] == [False] * (len(s.handed) - 1) + [True]
     assert s.resent[before] == handed  # the first part after the reconnect dropped them
-    assert s.parts.handing is None and s.tracker.handing_lsn is None
+    assert s.handover.handing is None and s.handover.ceiling() is None
 
 
 def test_the_first_part_tells_the_tracker_and_the_last_is_queued() -> None:
     s = Session()
     begin, rows, commit = transaction(8, 40)
     s(begin, *rows)
-    assert s.tracker.handing_lsn is not None  # in flight from the Begin
-    assert s.tracker.handing_lsn <= s.handed[0].commit_lsn
-    s(commit)
-    assert s.tracker.last_queued_end == commit.end_lsn and s.tracker.handing_lsn is None
+    first = s.handover.ceiling()
+    assert first is not None and first <= s.handed[0].commit_lsn  # in flight from the Begin
+    s.reconnect()  # the assembler forgets it; the handover does not
+    assert s.asm.confirm_ceiling() is None and s.handover.ceiling() == first
+    s(begin, *rows, commit)
+    assert s.tracker.last_queued_end == commit.end_lsn and s.handover.ceiling() is None
 
 
 def test_whole_transactions_queued_before_are_never_parted_again() -> None:
@@ -97,7 +101,7 @@ def test_whole_transactions_queued_before_are_never_parted_again() -> None:
     s(begin, *rows, commit)
     count = len(s.handed)
     s.reconnect()
-    assert not s.parts.may_part(begin.final_lsn - 8)  # committed before the last queued one
+    assert not s.asm.part_policy.allows(begin.final_lsn - 8)  # committed before the last one
     s(begin, *rows, commit)  # the server resends it: released whole and dropped
     assert len(s.handed) == count
 
@@ -105,19 +109,26 @@ def test_whole_transactions_queued_before_are_never_parted_again() -> None:
 def test_never_in_parts_past_endpos() -> None:
     begin, rows, commit = transaction(10, 40)
     s = Session(endpos=begin.final_lsn - 1)
-    assert not s.parts.may_part(begin.final_lsn)
+    assert not s.asm.part_policy.allows(begin.final_lsn)
     s(begin, *rows, commit)
-    assert [t.ends for t in s.handed] == [True]  # released whole (the reader then stops)
+    assert s.handed == [] and s.ended  # released whole, never handed; the session ends
 
 
 def test_a_lost_slot_forgets_the_transaction_being_handed() -> None:
     s = Session()
     begin, rows, _ = transaction(11, 40)
     s(begin, *rows)
-    handing = s.parts.handing
-    assert handing is not None and s.parts.session_started() is None  # still in the tracker
-    s.tracker.queued(begin.final_lsn + 8)  # what a recreated slot's reset does to the tracker
-    assert s.parts.session_started() is handing and s.parts.handing is None
+    handing = s.handover.handing
+    assert handing is not None
+    s.reconnect()
+    assert s.handover.handing is handing  # the server sends it again
+    point = begin.final_lsn + 8
+    assert s.handover.slot_replaced(point, reset=True) is handing  # lost with the old slot
+    assert s.handover.handing is None and s.handover.ceiling() is None
+    assert s.tracker.last_queued_end == point  # the reset
+    assert s.asm.part_policy.resume is None and s.asm.part_policy.since == point
+    with pytest.raises(DefiniteSourceError, match="before what cdcd already delivered"):
+        s.handover.slot_replaced(point - 1, reset=True)
 
 
 def test_another_transaction_while_one_is_expected_again_is_an_error() -> None:
