@@ -8,7 +8,7 @@ only per-batch work itself (handing batches over, acknowledgements, replays, fai
 Records are written straight into their batch's buffer
 (:class:`cdcd.sinks.kafka.recordbatch.RecordBatch`): no object is kept per record, and the
 headers a transaction's records share are encoded once per transaction. A batch keeps its
-buffer until the broker acknowledged it, for a replay (:meth:`cdcd.sinks.kafka.sink.KafkaSink._replay`),
+buffer until the broker acknowledged it, for a replay (:mod:`cdcd.sinks.kafka.sender`),
 and remembers where its first record came from (``Batch.where``) for error messages; a record
 that may be too large is checked as it is added (``check_size``).
 """
