@@ -1,5 +1,6 @@
 """The Kafka sink against Apache Kafka's faults (tests/kafkaharness.py), each with nothing lost:
-a broker of three killed mid-stream, a partition without a leader, a missing topic, a wrong
+a broker of three killed mid-stream, all three down while the daemon streams, a partition
+without a leader, a missing topic, a wrong
 SASL password, a topic the principal may not write, and the daemon started with no broker.
 
 The three-node cluster (replication factor 3, ``min.insync.replicas`` 2) and the broker with
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import orjson
 import pytest
 
 from cdcd.errors import DefiniteSinkError, SinkSetupError
+from cdcd.lsn import parse_lsn
 from tests.e2e import start_cdcd, write_config
 from tests.integration.test_kafka_sink import (
     TxnBuilder,
@@ -27,7 +30,7 @@ from tests.integration.test_kafka_sink import (
     unique_name,
 )
 from tests.kafkaharness import KafkaBroker, free_port
-from tests.pgharness import PgDatabase
+from tests.pgharness import PgDatabase, PgInstall, find_installations
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -67,6 +70,30 @@ def positions(records: list) -> set[tuple[int, int]]:
     }
 
 
+async def log_says(proc: subprocess.Popen[bytes], log_path: Path, text: str) -> None:
+    """Wait (60 s at most) until the daemon's log holds ``text``; it must keep running."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while text not in log_path.read_text(errors="replace"):
+        assert proc.poll() is None, log_path.read_text()[-4000:]
+        assert loop.time() < deadline, log_path.read_text()[-4000:]
+        await asyncio.sleep(0.1)
+
+
+async def terminated(proc: subprocess.Popen[bytes], log_path: Path) -> str:
+    """Stop the daemon with SIGTERM; its log, once it exited 0 (killed if it does not stop)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = await asyncio.to_thread(proc.wait, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = log_path.read_text(errors="replace")
+    assert code == 0, output[-4000:]
+    return output
+
+
 async def test_one_broker_of_three_killed_and_restarted_mid_stream(cluster: KafkaBroker) -> None:
     """Replication factor 3: a node dies while transactions are written (its partitions' leaders
     move), and comes back; every record is there, per key in commit order (a replayed suffix
@@ -99,6 +126,91 @@ async def test_one_broker_of_three_killed_and_restarted_mid_stream(cluster: Kafk
     for key, seen in positions_by_key(records).items():
         first = sorted(set(seen))
         assert seen[: len(first)] == first, key
+
+
+async def test_whole_cluster_down_while_the_daemon_streams(
+    pg_db: PgDatabase, pg_install: PgInstall, cluster: KafkaBroker, tmp_path: Path
+) -> None:
+    """All three nodes killed (SIGKILL) while ``cdcd run`` streams small transactions, started
+    again seconds later. cdcd holds: the slot's confirmed LSN passes no transaction committed
+    during the outage; once the cluster is back every change arrives, per key in commit order,
+    and a SIGTERM confirms all of it. Duplicates: the idempotent producer retries its batches
+    for ``request_timeout`` with the same producer id and sequence numbers, and the broker drops
+    the repeats, so none unless aiokafka gave a batch up and cdcd replayed from a new producer
+    (``kafka_delivery_failed_replaying``); then only exact repeats of a position."""
+    if pg_install.major != max(i.major for i in find_installations()):
+        pytest.skip("the newest installed PostgreSQL only")
+    pg_db.execute("CREATE TABLE t (id int PRIMARY KEY, n int NOT NULL)")
+    name = unique_name()
+    sink = {
+        "type": "kafka",
+        "bootstrap_servers": cluster.bootstrap,
+        "partitions": 3,
+        "replication_factor": 3,
+        "linger_ms": 1,
+        "retry_backoff": "200ms",
+        "request_timeout": "60s",  # longer than the outage: the same producer retries
+    }
+    cfg = write_config(tmp_path, pg_db.dsn, sinks=[sink], name=name)
+    log_path = tmp_path / "cdcd.log"
+    topic = f"{name}.public.t"
+    before, during = 20, 30
+
+    def upsert(n: int) -> None:  # one transaction; keys repeat, so per-key order shows
+        pg_db.execute(f"INSERT INTO t VALUES ({n % 7}, {n}) ON CONFLICT (id) DO UPDATE SET n = {n}")
+
+    def confirmed() -> int:
+        lsn = pg_db.fetchval(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
+            "WHERE slot_name = 'cdcd_e2e'"
+        )
+        return 0 if lsn is None else parse_lsn(lsn)
+
+    proc = start_cdcd("run", "--config", str(cfg), log_path=log_path)
+    try:
+        await log_says(proc, log_path, '"event":"streaming"')
+        for n in range(before):
+            upsert(n)
+        assert len(await consume(cluster.bootstrap, [topic], before, 60)) == before
+        for index in range(len(cluster.nodes)):
+            await cluster.kill(index)
+        held = confirmed()
+        for n in range(before, before + during):  # about 6 s of writes with no broker
+            upsert(n)
+            held = max(held, confirmed())
+            await asyncio.sleep(0.2)
+        assert proc.poll() is None, log_path.read_text()[-4000:]
+        await cluster.heal()
+        records = await consume(cluster.bootstrap, [topic], before + during, 120)
+        arrived = {orjson.loads(r.value or b"")["after"]["n"] for r in records}
+        if len(arrived) < before + during:  # duplicates took places: read on
+            more = len(records) + before + during - len(arrived)
+            records = await consume(cluster.bootstrap, [topic], more, 20)
+        output = await terminated(proc, log_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await cluster.heal()
+    values = [orjson.loads(r.value or b"") for r in records]
+    seen = {(v["source"]["commit_lsn"], v["source"]["seq"]): v["after"]["n"] for v in values}
+    assert sorted(seen.values()) == list(range(before + during)), "every change arrived"
+    outage = [pos for pos, n in seen.items() if n >= before]
+    assert held <= min(outage)[0], f"confirmed {held:X} during the outage, past a change not held"
+    assert confirmed() > max(seen)[0], "the SIGTERM confirmed all that Kafka holds"
+    for key, order in positions_by_key(records).items():
+        first = sorted(set(order))
+        assert order[: len(first)] == first, key
+    duplicates = len(records) - len(seen)
+    if "kafka_delivery_failed_replaying" not in output:
+        assert duplicates == 0, "the idempotent producer's retries left duplicates"
+    unique = {(r.partition, r.offset) for r in records}
+    assert len(unique) == len(records)
+    by_position: dict[tuple[int, int], dict[str, object]] = {}
+    for v in values:
+        again = by_position.setdefault((v["source"]["commit_lsn"], v["source"]["seq"]), v)
+        assert {**again, "ts_ms": 0} == {**v, "ts_ms": 0}, "a duplicate is an exact repeat"
+    print(f"cluster outage: {during} transactions during it, {duplicates} duplicate records")
 
 
 async def test_a_partition_without_leader_is_replayed_by_a_new_producer(
@@ -242,21 +354,13 @@ async def test_daemon_waits_for_an_unreachable_broker_and_stops_on_sigterm(
     log_path = tmp_path / "cdcd.log"
     proc = start_cdcd("run", "--config", str(cfg), log_path=log_path)
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while "kafka_unreachable" not in log_path.read_text(errors="replace"):
-            assert proc.poll() is None, log_path.read_text()[-4000:]
-            assert loop.time() < deadline, log_path.read_text()[-4000:]
-            await asyncio.sleep(0.1)
+        await log_says(proc, log_path, "kafka_unreachable")
         assert bootstrap in log_path.read_text()
-        proc.send_signal(signal.SIGTERM)
-        code = await asyncio.to_thread(proc.wait, 60)
+        output = await terminated(proc, log_path)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    output = log_path.read_text()
-    assert code == 0, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
 
 
