@@ -135,6 +135,7 @@ def _check_tables(tmp_path: Path, pg_db: PgDatabase, restarted: bool = False) ->
             assert max(per_key.values()) == 1, (table, per_key.most_common(2))
 
 
+@pytest.mark.slow  # two workloads: newest PostgreSQL only (conftest.py)
 def test_parallel_snapshot_under_a_workload(pg_db: PgDatabase, tmp_path: Path) -> None:
     _setup(pg_db)
     # a small memory limit: the workers' read-ahead must wait for the writer, not block it
@@ -176,6 +177,7 @@ def test_parallel_snapshot_under_a_workload(pg_db: PgDatabase, tmp_path: Path) -
     assert seqs == list(range(done["rows"]))
 
 
+@pytest.mark.slow  # a rate-driven run: newest PostgreSQL only (conftest.py)
 def test_workers_tuned_to_the_rate(pg_db: PgDatabase, tmp_path: Path) -> None:
     """``snapshot.tune_workers`` (default): the initial snapshot starts with one reader and
     adds one while it raises the rate, up to ``snapshot.workers``; whatever it settles on, every
