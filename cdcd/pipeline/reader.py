@@ -178,17 +178,20 @@ class Reader:
                             )
                     if txn is None:
                         continue
-                    action = handover.released(txn, streamed, cap)
-                    if action.resumed:
-                        self._log_resumed(action.txn, action.resumed)
-                    match action:
-                        case Put(txn=put, relation=rel, replaced=replaced):
+                    match handover.released(txn, streamed, cap):
+                        case Transaction() as put:  # the common answer: put it as it is
+                            await writer.put(put)
+                        case Put(txn=put, resumed=resumed, relation=rel, replaced=replaced):
+                            if resumed:
+                                self._log_resumed(put, resumed)
                             if replaced is not None:
                                 replaced.release()
                             if rel is not None and not catalog.knows(rel.oid):
                                 await catalog.on_relation(rel)  # a snapshot chunk's
                             await writer.put(put)
-                        case Drop(txn=dropped):
+                        case Drop(txn=dropped, resumed=resumed):
+                            if resumed:
+                                self._log_resumed(dropped, resumed)
                             dropped.release()
                         case Endpos():
                             txn.release()  # committed past it: never handed to the sinks
@@ -219,10 +222,10 @@ class Reader:
         )
 
     @staticmethod
-    def _log_resumed(txn: Transaction | None, resumed: int) -> None:
+    def _log_resumed(txn: Transaction, resumed: int) -> None:
         log.info(
             "transaction resent after a reconnect: dropping the changes handed before",
-            commit_lsn=None if txn is None else format_lsn(txn.commit_lsn),
+            commit_lsn=format_lsn(txn.commit_lsn),
             handed=resumed,
         )
 

@@ -6,6 +6,9 @@
     keepalives, batch ends, reconnects,   ──▶    │
     a replaced slot                              └──▶ ProgressTracker (the reader's side)
 
+The common answer to a released transaction is the transaction itself: put it to the writer as
+it is (no action object is made for it, on the reader's hot path).
+
 The reader (:mod:`cdcd.pipeline.reader`) does the I/O: it feeds the assembler, tells this object
 what happened, and carries out the action it answers (put to the writer, release, stop). This
 object decides, and holds the only copy of the state those decisions need:
@@ -69,11 +72,12 @@ class Handing:
     seen: int = 0  # changes received of it in this session
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Put:
-    """Put ``txn`` (whole, a part, a snapshot chunk) to the writer. ``relation``: a snapshot
-    chunk's, to register with the catalog first when it does not know it yet (no change of its
-    table streamed yet). ``replaced``: the transaction the chunk replaces, to release."""
+    """Put ``txn`` (a part resumed after a reconnect, a snapshot chunk) to the writer (a plain
+    put is answered with the transaction itself). ``relation``: a snapshot chunk's, to register
+    with the catalog first when it does not know it yet (no change of its table streamed yet).
+    ``replaced``: the transaction the chunk replaces, to release."""
 
     txn: Transaction
     resumed: int = 0  # changes handed before a reconnect that this part began with (dropped)
@@ -81,7 +85,7 @@ class Put:
     replaced: Transaction | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Drop:
     """Release ``txn``: not for the sinks (a resend, a watermark or signal, a part handed
     before a reconnect)."""
@@ -90,16 +94,16 @@ class Drop:
     resumed: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Endpos:
     """``--endpos`` reached: release ``txn`` (if any; committed past it, never handed) and end
     the session."""
 
     txn: Transaction | None
-    resumed: int = 0
 
 
-Action = Put | Drop | Endpos
+#: a Transaction: put it to the writer as it is
+Action = Transaction | Put | Drop | Endpos
 
 
 def no_marker(txn: Transaction) -> Message | None:
@@ -187,14 +191,14 @@ class Handover:
             if taken is None:
                 return Drop(txn, resumed)
             if not txn.ends:
-                return Put(txn, resumed)
+                return Put(txn, resumed) if resumed else txn
             continued = not txn.begins
         tracker = self.tracker
         tracker.received(streamed)
         endpos = self.endpos
         if endpos is not None and txn.commit_lsn > endpos:
             tracker.past_endpos(cap)  # never handed to the sinks
-            return self._end(txn, streamed, resumed)
+            return self._end(txn, streamed)  # (never parted: resumed is 0)
         watermarks = self.watermarks
         if watermarks is not None and (self._marked or watermarks.window_open):
             # never for the last part of a transaction handed in parts (no window was open at
@@ -209,9 +213,11 @@ class Handover:
                     self._queued(taken.end_lsn, cap)  # past the last queued: checked above
                     rel = next(taken.changes()).relations[0]
                     return Put(taken, resumed, relation=rel, replaced=txn)
-        if not self._queued(txn.end_lsn, cap):
+        end_lsn = txn.end_lsn
+        if not tracker.queued(end_lsn, cap):
             return Drop(txn, resumed)  # resent after a reconnect; the sinks have it
-        return Put(txn, resumed)
+        self.policy.since = end_lsn
+        return Put(txn, resumed) if resumed else txn
 
     def slot_replaced(self, point: int, *, reset: bool) -> Handing | None:
         """The slot was recreated with its consistent point at ``point``; ``reset``: the reset
@@ -281,9 +287,9 @@ class Handover:
         self.policy.since = end_lsn
         return True
 
-    def _end(self, txn: Transaction | None, streamed: int, resumed: int = 0) -> Endpos:
+    def _end(self, txn: Transaction | None, streamed: int) -> Endpos:
         self.tracker.streamed(streamed)
-        return Endpos(txn, resumed)
+        return Endpos(txn)
 
     def _sync(self) -> None:
         """The policy's data from the state here (and the tracker's last queued end, which the

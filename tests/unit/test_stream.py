@@ -40,11 +40,12 @@ class Session:
     def __call__(self, *msgs: object) -> None:
         for txn in self.feed(*msgs):  # type: ignore[arg-type]
             action = self.handover.released(txn, txn.end_lsn)
-            if not txn.ends or self.handover.handing is not None or action.resumed:
-                self.resent.append(action.resumed)
+            resumed = action.resumed if isinstance(action, Put | Drop) else 0
+            if not txn.ends or self.handover.handing is not None or resumed:
+                self.resent.append(resumed)
             match action:
-                case Put(txn=put):
-                    self.handed.append(put)
+                case Transaction() | Put():
+                    self.handed.append(txn)
                 case Drop():
                     pass
                 case Endpos():

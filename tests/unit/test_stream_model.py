@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cdcd.assembler.assembler import Assembler
+from cdcd.assembler.transaction import Transaction
 from cdcd.decoder.events import Begin, Commit, PgOutputMessage
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.stream import Drop, Endpos, Handover, Put
@@ -117,16 +118,14 @@ class HandoverMachine(RuleBasedStateMachine):
             if txn is None:
                 continue
             action = self.handover.released(txn, streamed)
-            if action.resumed:  # exactly the changes handed before the reconnect were dropped
-                assert action.resumed == self.before.get(txn.commit_lsn, 0)
+            resumed = action.resumed if isinstance(action, Put | Drop) else 0
+            if resumed:  # exactly the changes handed before the reconnect were dropped
+                assert resumed == self.before.get(txn.commit_lsn, 0)
             match action:
+                case Transaction() as put:
+                    self.put(put)
                 case Put(txn=put):
-                    assert self.endpos is None or put.commit_lsn <= self.endpos
-                    handed = labels(put)
-                    self.sink.changes.setdefault(put.commit_lsn, []).extend(handed)
-                    self.sink.order += handed
-                    if put.ends:
-                        self.sink.whole.append(put.end_lsn)
+                    self.put(put)
                 case Drop():
                     pass
                 case Endpos():
@@ -134,6 +133,14 @@ class HandoverMachine(RuleBasedStateMachine):
                     self.end_run()
                     return
         self.handover.streamed(streamed)
+
+    def put(self, put: Transaction) -> None:
+        assert self.endpos is None or put.commit_lsn <= self.endpos
+        handed = labels(put)
+        self.sink.changes.setdefault(put.commit_lsn, []).extend(handed)
+        self.sink.order += handed
+        if put.ends:
+            self.sink.whole.append(put.end_lsn)
 
     @precondition(lambda self: not self.ended)
     @rule()
