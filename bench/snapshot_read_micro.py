@@ -73,19 +73,23 @@ async def _keyset(conn: Any, table: Any, chunk_rows: int, copy: bool = False) ->
     last: list[str] | None = None
     count = 0
     while True:
-        if copy:
-            rows, _ = await read_key_chunk(conn, table, keys, last, chunk_rows)
-            key = rows[-1].values[0].decode() if rows else None  # type: ignore[union-attr]
-        else:
-            records = await conn.fetch(chunk_sql(table, keys, last, chunk_rows))
-            rows = [
-                TupleData(
-                    bytes(KIND_NULL if v is None else KIND_TEXT for v in r),
-                    tuple(None if v is None else v.encode() for v in r),
-                )
-                for r in records
-            ]
-            key = records[-1][0] if records else None
+        if copy:  # the rows left as COPY's text: only the last one parsed, for its key
+            batches, read, _, _ = await read_key_chunk(conn, table, keys, last, chunk_rows)
+            key = batches[-1][-1].values[0].decode() if read else None  # type: ignore[union-attr]
+            count += read
+            if read < chunk_rows:
+                return count
+            last = [key]  # type: ignore[list-item]
+            continue
+        records = await conn.fetch(chunk_sql(table, keys, last, chunk_rows))
+        rows = [
+            TupleData(
+                bytes(KIND_NULL if v is None else KIND_TEXT for v in r),
+                tuple(None if v is None else v.encode() for v in r),
+            )
+            for r in records
+        ]
+        key = records[-1][0] if records else None
         count += len(rows)
         if len(rows) < chunk_rows:
             return count

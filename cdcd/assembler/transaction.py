@@ -24,13 +24,13 @@ transaction is one part that begins and ends. ``size`` counts the changes of the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 from typing import Literal
 
-from cdcd.decoder.events import Change, Message, Relation
+from cdcd.decoder.events import Change, Message, Relation, TupleData
 
 TransactionKind = Literal["regular", "streamed", "prepared", "message", "snapshot", "reset"]
 
@@ -80,6 +80,9 @@ class Transaction:
     accounted by the assembler (0 when they live in a spill file): what it holds until
     :meth:`release`. ``begins`` / ``ends``: this is the first / last part of the transaction
     (both for a whole one; see the module docstring); ``end_lsn`` is 0 until the last part.
+    ``rows``: a chunk of an incremental snapshot (kind ``"snapshot"``), its rows of one table
+    in batches, from which the writer makes the events a batch at a time without a record
+    per row (``changes()`` gives the same rows as Inserts).
     """
 
     kind: TransactionKind
@@ -99,6 +102,7 @@ class Transaction:
     _on_release: Callable[[], None] | None = field(default=None, repr=False)
     #: for a stream held in memory: the last reading, which frees it as it goes (take_changes)
     _drain: Callable[[], Iterator[ChangeRecord]] | None = field(default=None, repr=False)
+    rows: tuple[Relation, list[Sequence[TupleData]]] | None = field(default=None, repr=False)
 
     def changes(self) -> Iterator[ChangeRecord]:
         """The changes in commit order; for a spilled transaction, read back from disk."""
@@ -126,6 +130,7 @@ class Transaction:
             return
         count = min(count, self.size)
         self.size -= count
+        self.rows = None  # the changes left: changes() skips the first ones
         if self._records is not None:
             self._records = self._records[count:]
         elif self._reader is not None:
@@ -138,6 +143,7 @@ class Transaction:
         self._records = None
         self._reader = None
         self._drain = None
+        self.rows = None
         if self._on_release is not None:
             callback, self._on_release = self._on_release, None
             callback()

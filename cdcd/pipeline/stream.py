@@ -211,7 +211,8 @@ class Handover:
                     return Drop(txn, resumed)
                 if taken is not txn:  # a snapshot chunk in place of a high watermark
                     self._queued(taken.end_lsn, cap)  # past the last queued: checked above
-                    rel = next(taken.changes()).relations[0]
+                    rows = taken.rows  # the chunk's table, without parsing a row
+                    rel = rows[0] if rows is not None else next(taken.changes()).relations[0]
                     return Put(taken, resumed, relation=rel, replaced=txn)
         end_lsn = txn.end_lsn
         if not tracker.queued(end_lsn, cap):

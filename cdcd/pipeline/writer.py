@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import Any, overload
 
 import structlog
 
@@ -347,6 +347,19 @@ class Writer:
         if txn.kind != "snapshot":
             yield from self._encoder.batches(txn, cursor=cursor, last=last)
             return
+        if txn.rows is not None:  # in the batches they were read in: no record per row
+            relation, batches = txn.rows
+            first = 0
+            for batch in batches:
+                yield self._encoder.snapshot_run(
+                    relation,
+                    batch,
+                    commit_lsn=txn.commit_lsn,
+                    commit_time=txn.commit_time,
+                    first_seq=first,
+                )
+                first += len(batch)
+            return
         rows = [record.change.new for record in txn.changes()]  # type: ignore[union-attr]
         if not rows:
             return
@@ -411,11 +424,17 @@ class Writer:
         for table, op, n in self._encoder.take_counts():
             stats.count(table, op, n)
 
-    def _count_changes(self, records: list[ChangeRecord]) -> None:
+    def _count_changes(self, records: Sequence[ChangeRecord]) -> None:
         """:meth:`_count` without events: per change (an Update of the key counts as ``u``),
-        summed over the batch first (by Relation object: the changes of one table share it)."""
+        summed over the batch first (by Relation object: the changes of one table share it);
+        a snapshot chunk's rows as ``r``, as their events count."""
         stats = self._stats
         stats.events += len(records)
+        if isinstance(records, _SnapshotRecords):
+            stats.count(
+                f"{schema_name(records.relation)}.{records.relation.name}", "r", len(records)
+            )
+            return
         counts: dict[tuple[int, str], list[Any]] = {}
         for record in records:
             op = _CHANGE_OPS[type(record.change)]
@@ -533,9 +552,44 @@ class Writer:
 
 def _record_batches(
     txn: Transaction, size: int = 1000, last: bool = False
-) -> Iterator[list[ChangeRecord]]:
+) -> Iterator[Sequence[ChangeRecord]]:
     """The decoded changes of ``txn`` in lists of at most ``size`` (never empty); ``last``:
-    read for the last time (Transaction.take_changes)."""
+    read for the last time (Transaction.take_changes). A snapshot chunk's rows come in the
+    batches they were read in, each record made only when asked for."""
+    if txn.rows is not None:
+        relation, batches = txn.rows
+        for rows in batches:
+            yield _SnapshotRecords(txn.commit_lsn, relation, rows)
+        return
     changes = txn.take_changes() if last else txn.changes()
     while batch := list(islice(changes, size)):
         yield batch
+
+
+class _SnapshotRecords(Sequence[ChangeRecord]):
+    """Rows of a snapshot chunk as Inserts at ``lsn``, each made when asked for: the null
+    sink only counts them."""
+
+    __slots__ = ("lsn", "relation", "rows")
+
+    def __init__(self, lsn: int, relation: ev.Relation, rows: Sequence[ev.TupleData]) -> None:
+        self.lsn = lsn
+        self.relation = relation
+        self.rows = rows
+
+    def _record(self, row: ev.TupleData) -> ChangeRecord:
+        return ChangeRecord(self.lsn, ev.Insert(None, self.relation.oid, row), (self.relation,))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> ChangeRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ChangeRecord]: ...
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._record(row) for row in self.rows[index]]
+        return self._record(self.rows[index])

@@ -29,6 +29,7 @@ import asyncpg
 import structlog
 
 from cdcd.config import Config
+from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.events import TupleData
 from cdcd.lsn import format_lsn
 from cdcd.progress_rate import estimate_source
@@ -364,34 +365,34 @@ class _TableReader:
             slot.release()
             if read is None:
                 return None
-            chunk, rows, size = read
+            chunk, count = read
             seconds = time.monotonic() - started
             if not done.keyed:
-                last = _key_values(chunk, rows[-1]) if rows else None
+                rows = chunk.rows
+                last = _key_values(chunk, rows[-1][-1]) if rows and count else None
                 key = None if last is None else [None if v is None else v.decode() for v in last]
                 done.last_key = key if key is not None else what.after
-                done.finished = len(rows) < what.limit
+                done.finished = count < what.limit
                 done.keyed = True
                 keyed.set()
             try:
                 result = await chunk.done
             finally:
                 watermarks.disarm(chunk)
-            sizer.observe(len(rows), size, seconds, result.dropped)
+            size = chunk.size
+            sizer.observe(count, size, seconds, result.dropped)
             if not result.retry:
-                return len(rows), size, result
+                return count, size, result
             log.info(
                 "chunk changed in a way its keys cannot show; reading it again", table=what.name
             )
             what.upto = done.last_key  # the same keys: the next chunk may have started after them
             await slot.take()
 
-    async def _read_chunk(
-        self, conn: Any, what: _ChunkRead
-    ) -> tuple[Chunk, list[TupleData], int] | None:
+    async def _read_chunk(self, conn: Any, what: _ChunkRead) -> tuple[Chunk, int] | None:
         """Arm the chunk, write its low watermark, read its rows and commit its high watermark
-        with the read (:func:`read_key_chunk`); the chunk (its window open in the stream) and
-        its rows, or None if the table is gone."""
+        with the read (:func:`read_key_chunk`); the chunk (its window open in the stream, its
+        rows read) and how many rows, or None if the table is gone."""
         name, keys = what.name, what.keys
         watermarks = self.snap.watermarks
         while True:
@@ -403,15 +404,20 @@ class _TableReader:
                 await _watermark(conn, chunk.id, "low")
 
                 def seal(
-                    rows: list[TupleData], snapshot: str, size: int, chunk: Chunk = chunk
+                    batches: list[CopyBatch],
+                    count: int,
+                    snapshot: str,
+                    size: int,
+                    chunk: Chunk = chunk,
                 ) -> tuple[str, str]:
                     chunk.snapshot = parse_snapshot(snapshot)
-                    chunk.rows = rows
+                    chunk.rows = list(batches)
+                    chunk.count = count
                     chunk.size = size
                     return WATERMARK, json.dumps({"id": chunk.id, "mark": "high"})
 
                 try:
-                    rows, _, altered, size = await read_key_chunk(
+                    _, count, altered, _ = await read_key_chunk(
                         conn, table, keys, what.after, what.limit, what.upto, seal
                     )
                 except _ALTERED as exc:  # the key's type too: the last key may not fit it
@@ -419,7 +425,7 @@ class _TableReader:
                     altered = True
                 if not altered:
                     armed = False  # the caller waits for the window, then disarms
-                    return chunk, rows, size
+                    return chunk, count
             finally:
                 if armed:
                     watermarks.disarm(chunk)

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.decoder.copy_batch import CopyBatch
+from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import (
     KIND_NULL,
     KIND_UNCHANGED_TOAST,
@@ -72,13 +74,16 @@ class ChunkResult:
 
 @dataclass(eq=False)
 class Chunk:
-    """One chunk of a table between its watermarks. ``rows`` are set by the snapshot before it
-    writes the high watermark; ``key_names`` name the key columns in key order."""
+    """One chunk of a table between its watermarks. ``rows`` (in batches, COPY's text until
+    something asks: :class:`~cdcd.decoder.copy_batch.CopyBatch`) and ``count`` are set by the
+    snapshot before it writes the high watermark; ``key_names`` name the key columns in key
+    order."""
 
     id: str
     relation: Relation
     key_names: tuple[str, ...]
-    rows: list[TupleData] | None = None
+    rows: list[Sequence[TupleData]] | None = None
+    count: int = 0  # rows in ``rows``
     size: int = 0  # the rows' accounted bytes (cdcd.source.copy.accounted), set with them
     snapshot: Snapshot | None = None  # set with ``rows``; None: every early change counts
     opened: bool = False
@@ -93,16 +98,7 @@ class Chunk:
 
     def key_of(self, relation: Relation, row: TupleData) -> Key | None:
         """The key of ``row`` (an image of ``relation``), or None if a key column is missing."""
-        where = self._where
-        if where is None or where[0] is not relation:
-            names = [c.name for c in relation.columns]
-            where = self._where = (
-                relation,
-                None
-                if any(n not in names for n in self.key_names)
-                else [names.index(n) for n in self.key_names],
-            )
-        positions = where[1]
+        positions = self.key_positions(relation)
         if positions is None:
             return None
         key: list[bytes | None] = []
@@ -112,6 +108,19 @@ class Chunk:
                 return None
             key.append(row.values[i])
         return tuple(key)
+
+    def key_positions(self, relation: Relation) -> list[int] | None:
+        """The key columns' positions in ``relation`` (None: a key column is missing)."""
+        where = self._where
+        if where is None or where[0] is not relation:
+            names = [c.name for c in relation.columns]
+            where = self._where = (
+                relation,
+                None
+                if any(n not in names for n in self.key_names)
+                else [names.index(n) for n in self.key_names],
+            )
+        return where[1]
 
 
 def marker(txn: Transaction) -> Message | None:
@@ -197,31 +206,86 @@ class Watermarks:
             return None
         rel = chunk.relation
         changed = chunk.changed
-        # no change in the window: every row is kept, none looked at
-        kept = (
-            [r for r in chunk.rows if chunk.key_of(rel, r) not in changed]
-            if changed
-            else chunk.rows
-        )
-        dropped = len(chunk.rows) - len(kept)
-        if not kept:
+        kept = chunk.rows
+        emitted = chunk.count
+        if changed:  # else no change in the window: every row is kept, none looked at
+            kept = [rows for batch in chunk.rows if (rows := _kept(chunk, batch, changed))]
+            emitted = sum(len(rows) for rows in kept)
+        dropped = chunk.count - emitted
+        if not emitted:
             chunk.done.set_result(ChunkResult(retry=False, dropped=dropped))
             return None
-        commit_lsn = txn.commit_lsn
-        records = [ChangeRecord(commit_lsn, Insert(None, rel.oid, row), (rel,)) for row in kept]
         chunk.done.set_result(
-            ChunkResult(retry=False, end_lsn=txn.end_lsn, emitted=len(kept), dropped=dropped)
+            ChunkResult(retry=False, end_lsn=txn.end_lsn, emitted=emitted, dropped=dropped)
         )
-        return Transaction(
-            kind="snapshot",
-            xid=0,
-            commit_lsn=commit_lsn,
+        return snapshot_transaction(
+            rel,
+            kept,
+            emitted,
+            commit_lsn=txn.commit_lsn,
             end_lsn=txn.end_lsn,
             commit_time=txn.commit_time,
-            size=len(kept),
-            mem_bytes=chunk.size * len(kept) // max(len(chunk.rows), 1),
-            _records=records,
+            mem_bytes=chunk.size * emitted // max(chunk.count, 1),
         )
+
+
+def snapshot_transaction(
+    rel: Relation,
+    batches: list[Sequence[TupleData]],
+    count: int,
+    *,
+    commit_lsn: int,
+    end_lsn: int,
+    commit_time: int,
+    mem_bytes: int,
+) -> Transaction:
+    """A chunk's ``count`` rows (of ``rel``, in ``batches``) as a transaction of kind
+    ``"snapshot"`` at the high watermark's place: the writer makes their events from
+    ``Transaction.rows`` a batch at a time; ``changes()`` makes them Inserts, one record per
+    row, only for whatever asks for records."""
+
+    def inserts() -> Iterator[ChangeRecord]:
+        relations = (rel,)
+        oid = rel.oid
+        for batch in batches:
+            for row in batch:
+                yield ChangeRecord(commit_lsn, Insert(None, oid, row), relations)
+
+    return Transaction(
+        kind="snapshot",
+        xid=0,
+        commit_lsn=commit_lsn,
+        end_lsn=end_lsn,
+        commit_time=commit_time,
+        size=count,
+        mem_bytes=mem_bytes,
+        _reader=inserts,
+        rows=(rel, batches),
+    )
+
+
+def _kept(chunk: Chunk, batch: Sequence[TupleData], changed: set[Key]) -> Sequence[TupleData]:
+    """The rows of ``batch`` whose keys ``changed`` does not hold. Rows still in COPY's text
+    stay so: only their key columns are looked at (a field with a backslash, COPY's escape,
+    is parsed to compare its value)."""
+    rel = chunk.relation
+    if not isinstance(batch, CopyBatch) or batch.parsed:
+        return [r for r in batch if chunk.key_of(rel, r) not in changed]
+    positions = chunk.key_positions(rel)
+    assert positions is not None  # a chunk's rows carry the key columns
+    width = max(positions) + 1
+    kept: list[bytes] = []
+    for line in batch.text.split(b"\n"):
+        fields = line.split(b"\t", width)
+        values = [fields[i] for i in positions]
+        key: Key | None = tuple(values)
+        if any(b"\\" in value for value in values):
+            key = chunk.key_of(rel, copy_rows([line], batch.width)[0])
+        if key not in changed:
+            kept.append(line)
+    if len(kept) == len(batch):
+        return batch
+    return CopyBatch(b"\n".join(kept), len(kept), batch.width) if kept else []
 
 
 def _changes(chunk: Chunk, txn: Transaction) -> tuple[set[Key], bool]:

@@ -1,9 +1,9 @@
 """Rows read with ``COPY (SELECT ...) TO STDOUT``: the snapshots' reads (docs/snapshots.md: COPY's text output is already the bytes the encoder takes, where a ``SELECT`` goes
 through ``str`` and back; measured about twice as fast). The lines become text-kind
 :class:`~cdcd.decoder.events.TupleData`, as the stream's text values do, in
-:mod:`cdcd.decoder.copy_text` (compiled): at once (:func:`copy_query`), or, for the initial
-snapshot, only when a sink asks for rows (:func:`copy_batches`,
-:class:`~cdcd.decoder.copy_batch.CopyBatch`; the JSON Lines writer never does).
+:mod:`cdcd.decoder.copy_text` (compiled), only when a sink asks for rows
+(:func:`copy_batches`, :class:`~cdcd.decoder.copy_batch.CopyBatch`; the JSON Lines writer never
+does).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from typing import Any
 from cdcd._purepy import c_module
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
-from cdcd.decoder.events import TupleData
 
-__all__ = ["accounted", "copy_batches", "copy_query", "copy_rows", "count_newlines", "cut_rows"]
+__all__ = ["accounted", "copy_batches", "copy_rows", "count_newlines", "cut_rows"]
 
 
 def _count_newlines() -> Callable[[bytes | bytearray], int]:
@@ -32,45 +31,6 @@ def _count_newlines() -> Callable[[bytes | bytearray], int]:
 count_newlines = _count_newlines()
 
 
-async def copy_query(
-    conn: Any,
-    sql: str,
-    width: int,
-    on_rows: Callable[[list[TupleData], int], Awaitable[None]],
-    batch_size: int = 5000,
-) -> int:
-    """Read the rows of ``sql`` (its ``width`` columns as text) with ``COPY (sql) TO STDOUT``,
-    handing them to ``on_rows`` in batches of about ``batch_size``, with their accounted bytes
-    (:func:`accounted`); the row count. ``on_rows`` may wait: the server's output waits with
-    it."""
-    rest = b""
-    pending: list[TupleData] = []
-    count = 0
-    received = 0  # bytes of the rows in ``pending``, and of ``rest``
-
-    async def take(data: bytes | bytearray) -> None:
-        nonlocal rest, pending, count, received
-        data = bytes(data)  # asyncpg hands a bytearray; values must be bytes
-        received += len(data)
-        lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
-        rest = lines.pop()
-        if lines:
-            pending += copy_rows(lines, width)
-        if len(pending) >= batch_size:
-            count += len(pending)
-            batch, pending = pending, []
-            size, received = received - len(rest), len(rest)
-            await on_rows(batch, accounted(len(batch), size))
-
-    await conn.copy_from_query(sql, output=take)
-    if rest:
-        raise ValueError(f"COPY output ends inside a row: {sql[:200]}")
-    if pending:
-        count += len(pending)
-        await on_rows(pending, accounted(len(pending), received))
-    return count
-
-
 async def copy_batches(
     conn: Any,
     sql: str,
@@ -78,9 +38,11 @@ async def copy_batches(
     on_rows: Callable[[CopyBatch, int], Awaitable[None]],
     batch_size: int = 5000,
 ) -> int:
-    """:func:`copy_query` with the rows left as COPY's text: the output's chunks are kept as
-    they come and cut into :class:`CopyBatch` es at a newline once they hold ``batch_size``
-    rows (no object per row; parsed when a sink asks). Each byte is copied once, into its
+    """Read the rows of ``sql`` (its ``width`` columns as text) with ``COPY (sql) TO STDOUT``,
+    handing them to ``on_rows`` with their accounted bytes (:func:`accounted`) left as COPY's
+    text; the row count. ``on_rows`` may wait: the server's output waits with it. The
+    output's chunks are kept as they come and cut into :class:`CopyBatch` es at a newline once
+    they hold ``batch_size`` rows (no object per row; parsed when a sink asks). Each byte is copied once, into its
     batch: asyncpg hands each chunk in a bytearray of its own, kept until then."""
     chunks: list[bytes | bytearray] = []
     rows = 0  # newlines in ``chunks``

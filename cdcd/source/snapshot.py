@@ -46,7 +46,7 @@ import asyncpg
 
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
-from cdcd.source.copy import copy_batches, copy_query
+from cdcd.source.copy import copy_batches
 from cdcd.wire.frontend import quote_ident, quote_literal
 
 _TABLES_SQL = """
@@ -432,15 +432,18 @@ async def read_key_chunk(
     after: list[str] | None,
     limit: int,
     upto: list[str] | None = None,
-    seal: Callable[[list[TupleData], str, int], tuple[str, str]] | None = None,
-) -> tuple[list[TupleData], str, bool, int]:
+    seal: Callable[[list[CopyBatch], int, str, int], tuple[str, str]] | None = None,
+    batch_size: int = 5000,
+) -> tuple[list[CopyBatch], int, bool, int]:
     """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (docs/snapshots.md:
-    faster than a SELECT), the snapshot it was read at (``pg_current_snapshot()``:
-    the watermarks drop rows of transactions it does not see, :mod:`cdcd.snapshot.watermarks`),
-    whether ``table``'s columns are no longer all there as described (an ALTER TABLE since
-    it was described; then nothing is read), and the rows' accounted bytes
-    (:func:`cdcd.source.copy.accounted`). ``seal(rows, snapshot, bytes)``, called once the rows are
-    read, returns a logical message ``(prefix, content)`` written in the read's transaction and
+    faster than a SELECT): its rows in batches of about ``batch_size`` left as COPY's text
+    (:func:`copy_batches`: no object per row until something asks), how many, whether
+    ``table``'s columns are no longer all there as described (an ALTER TABLE since it was
+    described; then nothing is read), and the rows' accounted bytes
+    (:func:`cdcd.source.copy.accounted`). ``seal(batches, rows, snapshot, bytes)``, called once
+    the rows are read with the snapshot they were read at (``pg_current_snapshot()``: the
+    watermarks drop rows of transactions it does not see, :mod:`cdcd.snapshot.watermarks`),
+    returns a logical message ``(prefix, content)`` written in the read's transaction and
     committed with it: the chunk's high watermark, at one round trip and one commit less than a
     transaction of its own.
 
@@ -448,19 +451,20 @@ async def read_key_chunk(
     committed while the lock waited would otherwise look empty to an older snapshot), the
     snapshot with the table's shape (read under the lock, which keeps an ALTER from coming
     between it and the COPY), the COPY, the watermark with COMMIT."""
-    rows: list[TupleData] = []
+    batches: list[CopyBatch] = []
     size = 0
 
-    async def take(batch: list[TupleData], batch_size: int) -> None:
+    async def take(batch: CopyBatch, batch_bytes: int) -> None:
         nonlocal size
-        rows.extend(batch)
-        size += batch_size
+        batches.append(batch)
+        size += batch_bytes
 
     rel = table.relation
     await conn.execute(
         "BEGIN ISOLATION LEVEL REPEATABLE READ; "
         f"LOCK TABLE {quote_ident(rel.namespace)}.{quote_ident(rel.name)} IN ACCESS SHARE MODE"
     )
+    count = 0
     try:
         snapshot, shape = await conn.fetchrow(_SNAPSHOT_SHAPE_SQL, rel.oid)
         # a subset: a publication's column list may leave columns out
@@ -468,9 +472,9 @@ async def read_key_chunk(
         mark = None
         if not altered:
             sql = chunk_sql(table, keys, after, limit, upto)
-            await copy_query(conn, sql, len(rel.columns), take, limit)
+            count = await copy_batches(conn, sql, len(rel.columns), take, batch_size)
             if seal is not None:
-                mark = seal(rows, str(snapshot), size)
+                mark = seal(batches, count, str(snapshot), size)
         if mark is None:
             await conn.execute("COMMIT")
         else:
@@ -484,7 +488,7 @@ async def read_key_chunk(
             with contextlib.suppress(Exception):  # a lost connection: closed by the caller
                 await conn.execute("ROLLBACK")
         raise
-    return rows, str(snapshot), altered, size
+    return batches, count, altered, size
 
 
 _SNAPSHOT_SHAPE_SQL = """

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
-from cdcd.source.copy import copy_batches, copy_query, count_newlines
+from cdcd.source.copy import copy_batches, count_newlines
 
 
 class _Conn:
@@ -64,35 +64,6 @@ def test_batches_hold_the_rows_of_the_whole_output(
     assert [row for b, _ in got for row in b] == copy_rows(rows, 2)
     assert all(len(b) >= batch_size for b, _ in got[:-1])  # whole batches but the last
     assert [b[-1] for b, _ in got] == [list(b)[-1] for b, _ in got]  # the last line alone
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    rows=st.lists(st.tuples(st.integers(0, 999), st.text("ab\\\t", max_size=4)), max_size=20),
-    cuts=st.lists(st.integers(0, 200), max_size=6),
-    batch_size=st.integers(1, 7),
-)
-def test_copy_query_hands_the_rows_parsed(
-    rows: list[tuple[int, str]], cuts: list[int], batch_size: int
-) -> None:
-    """copy_query (the incremental snapshot's reads): the same batches, as TupleData."""
-    lines = [
-        f"{n}\t{t.replace(chr(92), chr(92) * 2).replace(chr(9), chr(92) + 't')}".encode()
-        for n, t in rows
-    ]
-    output = b"".join(line + b"\n" for line in lines)
-    points = sorted({0, len(output), *(c for c in cuts if c < len(output))})
-    chunks = [output[a:b] for a, b in itertools.pairwise(points)]
-    got: list[Any] = []
-
-    async def on_rows(batch: Any, size: int) -> None:
-        got.append(batch)
-
-    count = asyncio.run(copy_query(_Conn(chunks), "q", 2, on_rows, batch_size))
-    assert count == len(rows)
-    assert all(isinstance(batch, list) for batch in got)
-    assert [row for batch in got for row in batch] == copy_rows(lines, 2)
-    assert [row.values[1] for batch in got for row in batch] == [t.encode() for _, t in rows]
 
 
 def test_output_that_ends_inside_a_row_is_an_error() -> None:

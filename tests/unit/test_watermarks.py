@@ -3,9 +3,16 @@ chunk survive its window, what replaces the high watermark, what is dropped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from cdcd.assembler.transaction import ChangeRecord, Transaction
+from cdcd.decoder.copy_batch import CopyBatch
+from cdcd.decoder.copy_text import copy_rows
 from cdcd.decoder.events import (
     KIND_NULL,
     KIND_TEXT,
@@ -23,6 +30,7 @@ from cdcd.snapshot.watermarks import (
     WATERMARK,
     Chunk,
     Watermarks,
+    _kept,
     marker,
     parse_snapshot,
     visible,
@@ -65,11 +73,19 @@ def change(lsn: int, c: object, rel: Relation = REL) -> Transaction:
     return txn(lsn, ChangeRecord(lsn, c, (rel,)))  # type: ignore[arg-type]
 
 
+def fill(chunk: Chunk, rows: list[TupleData]) -> None:
+    """The chunk's rows read (as the snapshot sets them before its high watermark)."""
+    chunk.rows = [rows]
+    chunk.count = len(rows)
+
+
 def feed(marks: Watermarks, t: Transaction) -> Transaction | None:
     return marks.observe(t, marker(t))
 
 
-async def test_rows_changed_in_the_window_are_dropped() -> None:
+@pytest.mark.parametrize("as_text", [False, True], ids=["rows", "copy_text"])
+async def test_rows_changed_in_the_window_are_dropped(as_text: bool) -> None:
+    """Rows still in COPY's text are dropped by their key columns alone, and stay text."""
     marks = Watermarks(lambda tables, lsn: None)
     chunk = Chunk("c1", REL, ("id",))
     marks.arm(chunk)
@@ -77,7 +93,12 @@ async def test_rows_changed_in_the_window_are_dropped() -> None:
     assert feed(marks, before) is before  # before the low watermark: not noted
     assert feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"})) is None
     assert marks.window_open
-    chunk.rows = [row(k) for k in range(1, 8)]
+    if as_text:  # two batches as read with COPY (v, id): not parsed until asked
+        text = [b"\n".join(b"x\t%d" % k for k in keys) for keys in ((1, 2, 3), (4, 5, 6, 7))]
+        chunk.rows = [CopyBatch(text[0], 3, 2), CopyBatch(text[1], 4, 2)]
+        chunk.count = 7
+    else:
+        fill(chunk, [row(k) for k in range(1, 8)])
     chunk.snapshot = SEES_ALL  # the change before the low watermark was read
     inside = [
         change(110, Update(None, 42, None, None, row(2, "new"))),
@@ -91,8 +112,14 @@ async def test_rows_changed_in_the_window_are_dropped() -> None:
     out = feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"}))
     assert out is not None and out.kind == "snapshot"
     assert (out.commit_lsn, out.end_lsn) == (200, 208)  # the high watermark's position
+    if as_text:  # still text: the JSON Lines writer renders it without parsing
+        assert out.rows is not None
+        assert all(isinstance(b, CopyBatch) and not b.parsed for b in out.rows[1])
     kept = [int(r.change.new.values[1]) for r in out.changes()]  # type: ignore[union-attr]
     assert kept == [1, 6, 7]  # 2..5 changed in the window; 6 was another table's
+    assert out.rows is not None and out.size == 3
+    batches = out.rows[1]
+    assert [int(r.values[1]) for batch in batches for r in batch] == kept  # what the writer takes
     assert chunk.done.result().emitted == 3 and chunk.done.result().dropped == 4
     assert not marks.window_open
     after = change(210, Delete(None, 42, "K", key_image(1)))
@@ -104,7 +131,7 @@ async def test_a_truncate_in_the_window_makes_the_chunk_read_again() -> None:
     chunk = Chunk("c1", REL, ("id",))
     marks.arm(chunk)
     feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"}))
-    chunk.rows = [row(1)]
+    fill(chunk, [row(1)])
     feed(marks, change(110, Truncate(None, 0, (42,))))
     assert feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"})) is None
     assert chunk.done.result().retry
@@ -116,7 +143,7 @@ async def test_an_abandoned_chunk_is_read_again_and_its_watermarks_ignored() -> 
     chunk = Chunk("c1", REL, ("id",))
     marks.arm(chunk)
     feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"}))
-    chunk.rows = [row(1)]
+    fill(chunk, [row(1)])
     marks.abandon()
     assert chunk.done.result().retry and not marks.window_open
     assert feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"})) is None
@@ -148,8 +175,8 @@ async def test_overlapping_windows_of_chunks_read_at_once() -> None:
     feed(marks, mark(100, WATERMARK, {"id": "a", "mark": "low"}))
     feed(marks, change(105, Update(None, 42, None, None, row(1, "x"))))  # a's window only
     feed(marks, mark(110, WATERMARK, {"id": "b", "mark": "low"}))
-    first.rows = [row(1), row(2)]
-    second.rows = [row(1), row(11), row(12)]
+    fill(first, [row(1), row(2)])
+    fill(second, [row(1), row(11), row(12)])
     first.snapshot = second.snapshot = SEES_ALL
     feed(marks, change(115, Delete(None, 42, "K", key_image(11))))  # both windows
     out_a = feed(marks, mark(120, WATERMARK, {"id": "a", "mark": "high"}))
@@ -181,7 +208,7 @@ async def test_a_change_committed_before_the_window_but_not_read_is_dropped() ->
     feed(marks, txn_of(80, 60, Update(None, 42, None, None, row(2, "seen"))))  # seen by the read
     feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"}))
     chunk.snapshot = parse_snapshot("4294967375:4294967392:4294967386")  # epoch 1, xip 90
-    chunk.rows = [row(1), row(2), row(3)]
+    fill(chunk, [row(1), row(2), row(3)])
     out = feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"}))
     assert out is not None
     assert [int(r.change.new.values[1]) for r in out.changes()] == [2, 3]  # type: ignore[union-attr]
@@ -195,3 +222,52 @@ def test_snapshot_visibility_in_32_bit_xid_order() -> None:
     wrapped = parse_snapshot(f"{2**32 - 5}:{2**32 + 5}:{2**32 + 1}")  # across the wraparound
     assert visible(wrapped, 2**32 - 6) and visible(wrapped, 2**32 - 1) and visible(wrapped, 3)
     assert not visible(wrapped, 1) and not visible(wrapped, 5) and not visible(wrapped, 6)
+
+
+async def test_a_clean_window_keeps_the_batches_as_read() -> None:
+    """No change in the window: the rows go on in the batches they were read in, not looked
+    at; a key with COPY's escapes (a backslash) is compared by its value."""
+    rel = Relation(None, 44, "public", "k", "d", (Column(1, "id", 25, -1), Column(0, "v", 25, -1)))
+    marks = Watermarks(lambda tables, lsn: None)
+    chunk = Chunk("c1", rel, ("id",))
+    marks.arm(chunk)
+    feed(marks, mark(100, WATERMARK, {"id": "c1", "mark": "low"}))
+    batch = CopyBatch(b"a\\\\b\tx\nc\ty", 2, 2)  # keys a\b (escaped in COPY) and c
+    chunk.rows, chunk.count, chunk.snapshot = [batch], 2, SEES_ALL
+    out = feed(marks, mark(200, WATERMARK, {"id": "c1", "mark": "high"}))
+    assert out is not None and out.rows is not None and out.rows[1][0] is batch
+    assert not batch.parsed
+
+    chunk = Chunk("c2", rel, ("id",))
+    marks.arm(chunk)
+    feed(marks, mark(300, WATERMARK, {"id": "c2", "mark": "low"}))
+    image = TupleData(bytes((KIND_TEXT, KIND_TEXT)), (b"a\\b", b"z"))
+    feed(marks, change(310, Update(None, 44, None, None, image), rel))
+    batch = CopyBatch(b"a\\\\b\tx\nc\ty", 2, 2)
+    chunk.rows, chunk.count, chunk.snapshot = [batch], 2, SEES_ALL
+    out = feed(marks, mark(400, WATERMARK, {"id": "c2", "mark": "high"}))
+    assert out is not None
+    assert [r.change.new.values for r in out.changes()] == [(b"c", b"y")]  # type: ignore[union-attr]
+
+
+@given(
+    keys=st.lists(
+        st.text("ab\\\t\n", min_size=1, max_size=4), unique=True, min_size=1, max_size=12
+    ),
+    picks=st.lists(st.integers(0, 11), max_size=6),
+)
+def test_copy_text_is_filtered_as_its_parsed_rows(keys: list[str], picks: list[int]) -> None:
+    """Keys compared in COPY's text (escapes included) drop the same rows as parsed rows."""
+    rel = Relation(None, 44, "public", "k", "d", (Column(0, "v", 25, -1), Column(1, "id", 25, -1)))
+    escape = {"\\": "\\\\", "\t": "\\t", "\n": "\\n"}
+    lines = [f"v{i}\t{''.join(escape.get(c, c) for c in k)}".encode() for i, k in enumerate(keys)]
+    changed = {(keys[i].encode(),) for i in picks if i < len(keys)}
+    loop = asyncio.new_event_loop()
+    chunk = Chunk("c", rel, ("id",), done=loop.create_future())  # a chunk needs a loop
+    loop.close()
+    parsed = copy_rows(lines, 2)
+    by_text = _kept(chunk, CopyBatch(b"\n".join(lines), len(lines), 2), changed)
+    assert list(by_text) == _kept(chunk, parsed, changed)
+    assert [r.values[1].decode() for r in by_text] == [  # type: ignore[union-attr]
+        k for k in keys if (k.encode(),) not in changed
+    ]
