@@ -272,7 +272,8 @@ def _kept(chunk: Chunk, batch: Sequence[TupleData], changed: set[Key]) -> Sequen
     if not isinstance(batch, CopyBatch) or batch.parsed:
         return [r for r in batch if chunk.key_of(rel, r) not in changed]
     positions = chunk.key_positions(rel)
-    assert positions is not None  # a chunk's rows carry the key columns
+    if positions is None:  # no key to compare (as key_of says for each row): all kept
+        return batch
     width = max(positions) + 1
     kept: list[bytes] = []
     for line in batch.text.split(b"\n"):
