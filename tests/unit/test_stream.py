@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from cdcd.assembler.assembler import Assembler
-from cdcd.assembler.transaction import Transaction
+from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.decoder.events import Begin, Commit
 from cdcd.errors import AssemblyError, DefiniteSourceError
 from cdcd.pipeline.progress import ProgressTracker
@@ -140,3 +140,72 @@ def test_another_transaction_while_one_is_expected_again_is_an_error() -> None:
     other, other_rows, _ = transaction(13, 40)
     with pytest.raises(AssemblyError, match="partly handed to the sinks, was expected again"):
         s(other, *other_rows)
+
+
+class Windows:
+    """A stand-in for the snapshot's watermarks (pure, as the real ones): a window is open
+    while ``open``; a transaction committing at ``mark_at`` is a watermark (dropped), one at
+    ``chunk_at`` a high watermark replaced by ``chunk``."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.mark_at = -1
+        self.chunk_at = -1
+        self.chunk: Transaction | None = None
+        self.observed: list[int] = []
+
+    @property
+    def window_open(self) -> bool:
+        return self.open
+
+    def observe(self, txn: Transaction, mark: object) -> Transaction | None:
+        self.observed.append(txn.commit_lsn)
+        if txn.commit_lsn == self.mark_at:
+            return None
+        if txn.commit_lsn == self.chunk_at:
+            return self.chunk
+        return txn
+
+
+def test_watermark_windows_hold_parts_and_replace_transactions() -> None:
+    tracker = ProgressTracker(1)
+    asm = Assembler(part_bytes=PART)
+    windows = Windows()
+    handover = Handover(
+        tracker, asm.part_policy, asm.confirm_ceiling, endpos=None, watermarks=windows
+    )
+    feed = Feeder(asm)
+    feed(relation(OID_A))
+    windows.open = True  # armed while the reader waited: read before the next feed
+    handover.before_feed()
+    begin, rows, commit = transaction(20, 40)
+    (whole,) = feed(begin, *rows, commit)  # never in parts while a window is open
+    assert whole.begins and whole.ends and handover.released(whole, whole.end_lsn) is whole
+    assert windows.observed == [whole.commit_lsn]
+    begin, rows, commit = transaction(21, 1)
+    windows.mark_at = begin.final_lsn
+    (mark,) = feed(begin, *rows, commit)
+    action = handover.released(mark, mark.end_lsn)
+    assert isinstance(action, Drop) and action.txn is mark  # a watermark: not for the sinks
+    assert tracker.last_queued_end == whole.end_lsn  # and not queued
+    begin, rows, commit = transaction(22, 1)
+    (high,) = feed(begin, *rows, commit)
+    rel = relation(OID_A)
+    windows.chunk_at = begin.final_lsn
+    windows.chunk = Transaction(
+        kind="snapshot",
+        xid=0,
+        commit_lsn=high.commit_lsn,
+        end_lsn=high.end_lsn,
+        commit_time=0,
+        size=1,
+        _records=[ChangeRecord(high.commit_lsn, ins("r"), (rel,))],
+    )
+    action = handover.released(high, high.end_lsn)
+    assert isinstance(action, Put) and action.txn is windows.chunk and action.replaced is high
+    assert action.relation is rel  # for the reader to register before putting the chunk
+    assert tracker.last_queued_end == high.end_lsn == asm.part_policy.since  # queued already
+    windows.open = False
+    handover.before_feed()
+    begin, rows, commit = transaction(40, 40)  # committed after the chunk's position
+    assert len(feed(begin, *rows, commit)) > 1  # parts again
