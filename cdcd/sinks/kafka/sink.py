@@ -114,6 +114,9 @@ class KafkaSink(Sink):
             transactional_id=self.transactional_id if self.exactly_once else None,
             position_topic=self.position_topic,
         )
+        # Acknowledgements make records durable (Sender.pump): a flush, which waits for all of
+        # them, would only stall the pipeline once a second. Exactly once, a flush commits.
+        self.flushes_itself = not self.exactly_once
         self._txns: KafkaTransactions | None = None
         if self.exactly_once:
             self._txns = KafkaTransactions(self._sender, self.transactional_id, self.position_topic)
