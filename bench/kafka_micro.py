@@ -4,6 +4,7 @@ Usage::
 
     python bench/pipeline_micro.py capture FILE --rows 100000     # once (needs PostgreSQL)
     python bench/kafka_micro.py FILE [--compression zstd] [--partitions 1] [--profile OUT]
+                                     [--runs] [--flush-every SECONDS]
 
 The captured pgoutput stream (see ``bench/pipeline_micro.py``) is decoded and assembled first,
 outside the measurement; then its events are built and handed to a :class:`KafkaSink` writing
@@ -11,6 +12,11 @@ to a fresh Apache Kafka broker (``bench.run.kafka_broker``), as the daemon's wri
 ``write`` per batch of 1,000, ``commit``, ``flush``). Printed: this process's CPU seconds per
 row for that part (event encoding, key and headers, partitioning, batches, compression,
 aiokafka's send path), and wall time. The broker runs in its own process and is not counted.
+
+``--runs`` hands small transactions over as the daemon's writer does, in runs of up to 1,000
+changes (``write_transactions``); ``--flush-every S`` flushes the sink whenever ``S`` seconds
+passed since the last flush (what the writer did before the sink flushed itself) and prints
+the wall time spent waiting in those flushes.
 """
 
 from __future__ import annotations
@@ -76,7 +82,9 @@ def encode_only(txns: list) -> tuple[int, float, float]:
     return events, time.process_time() - t0, time.perf_counter() - w0
 
 
-async def drain(bootstrap: str, txns: list, options: dict) -> tuple[int, float, float]:
+async def drain(
+    bootstrap: str, txns: list, options: dict, runs: bool = False, flush_every: float | None = None
+) -> tuple[int, float, float, float]:
     from cdcd.events.catalog import StaticCatalog
     from cdcd.events.encoder import Encoder
     from cdcd.sinks.base import SinkContext
@@ -93,26 +101,46 @@ async def drain(bootstrap: str, txns: list, options: dict) -> tuple[int, float, 
     await sink.start()
     encoder = Encoder(context, StaticCatalog())
     events = 0
+    flushing = 0.0  # wall seconds spent in the flushes every flush_every seconds
+    flushed = time.perf_counter()
+    run: list = []
+    run_size = 0
+
+    async def hand_run() -> None:
+        nonlocal flushing, flushed, run, run_size
+        await sink.write_transactions(run)
+        run, run_size = [], 0
+        if flush_every is not None and time.perf_counter() - flushed >= flush_every:
+            f0 = time.perf_counter()
+            await sink.flush()
+            flushed = time.perf_counter()
+            flushing += flushed - f0
+
     t0 = time.process_time()
     w0 = time.perf_counter()
     for txn in txns:
+        if runs:
+            batches = list(encoder.batches(txn))
+            size = sum(len(batch) for batch in batches)
+            events += size
+            run.append((txn, batches))
+            run_size += size
+            if run_size >= 1000:
+                await hand_run()
+            continue
         await sink.begin(txn)
         for batch in encoder.batches(txn):
             events += len(batch)
             await sink.write(batch)
         await sink.commit(txn)
+    if run:
+        await hand_run()
     await sink.flush()
     cpu = time.process_time() - t0
     wall = time.perf_counter() - w0
     assert sink.durable_lsn() == txns[-1].end_lsn
     await sink.close()
-    return events, cpu, wall
-
-
-def _cpu_of(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return events, cpu, wall, flushing
 
 
 def main() -> None:
@@ -124,13 +152,19 @@ def main() -> None:
         "--encode-only", action="store_true", help="only build events and their key/value JSON"
     )
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the drain here")
+    parser.add_argument(
+        "--runs", action="store_true", help="runs of small transactions, as the daemon's writer"
+    )
+    parser.add_argument(
+        "--flush-every", type=float, help="flush whenever this many seconds passed (with --runs)"
+    )
     args = parser.parse_args()
     import gc
 
     gc.set_threshold(50_000, 20, 100)  # as cdcd.runtime.tune_gc
     if os.environ.get("KMICRO_NOGC"):
         gc.disable()
-    from bench.run import kafka_broker
+    from bench.run import broker_cpu_seconds, kafka_broker
 
     txns = transactions(args.file)
     if args.encode_only:
@@ -142,16 +176,18 @@ def main() -> None:
         profiler = cProfile.Profile() if args.profile else None
         if profiler is not None:
             profiler.enable()
-        b0 = _cpu_of(broker._proc.pid)
-        events, cpu, wall = asyncio.run(drain(broker.bootstrap, txns, options))
-        broker_cpu = _cpu_of(broker._proc.pid) - b0
+        b0 = broker_cpu_seconds(broker)
+        events, cpu, wall, flushing = asyncio.run(
+            drain(broker.bootstrap, txns, options, args.runs, args.flush_every)
+        )
+        broker_cpu = broker_cpu_seconds(broker) - b0
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(str(args.profile))
     print(
         f"{events} events, cpu {cpu:.2f}s ({cpu / events * 1e6:.2f} us/row, "
         f"{events / cpu:,.0f} rows/s), wall {wall:.2f}s ({events / wall:,.0f} rows/s), "
-        f"{options}; broker cpu {broker_cpu:.2f}s"
+        f"{options}; broker cpu {broker_cpu:.2f}s; waiting in flushes {flushing:.2f}s"
     )
 
 
