@@ -32,3 +32,13 @@ async def restartable_kafka_broker(kafka_broker: KafkaBroker) -> AsyncIterator[K
         yield kafka_broker
     finally:
         await kafka_broker.heal()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Spark tests share one worker (``--dist loadgroup``), so one Spark session, one
+    Spark Connect server and one Spark jobs workload serve them all, not one per worker.
+    ``tryfirst``: pytest-xdist reads the ``xdist_group`` marks in its own hook."""
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
