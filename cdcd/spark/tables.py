@@ -279,6 +279,14 @@ def table_rows(spark: SparkSession, target: str) -> DataFrame:
     return current_rows(table)
 
 
+#: Spark Connect's plan cache keys a plan by its message, plan id included. Each micro-batch's
+#: ``foreachBatch`` runs in a new Python worker whose plan ids start again from the same
+#: number, on the query's server session: a read that an earlier batch made (the ``_schema/``
+#: files, the target table) comes back from the cache with that batch's file listing, and a
+#: column added since is missing. The session's plan cache is turned off for the stream.
+CONNECT_PLAN_CACHE = "spark.connect.session.planCache.enabled"
+
+
 def stream_to_table(
     events: DataFrame,
     target: str,
@@ -294,8 +302,11 @@ def stream_to_table(
     """Start a streaming query applying each micro-batch of ``events`` (a streaming DataFrame
     of one table's events; or of records that ``prepare`` turns into events, per batch) to
     ``target`` with the AUTO CDC options ``cdc`` and return it. ``available_now`` processes
-    what is there and stops."""
+    what is there and stops. Through Spark Connect it turns off the session's plan cache
+    (:data:`CONNECT_PLAN_CACHE`)."""
     options = (cdc or AutoCdc()).options()
+    if type(events).__module__.startswith("pyspark.sql.connect"):
+        events.sparkSession.conf.set(CONNECT_PLAN_CACHE, "false")
 
     def each_batch(batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession

@@ -22,12 +22,13 @@ from tests.sparkutil import connect_server  # noqa: F401
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Tests of test_spark_incremental.py that run again under Spark Connect: the batch jobs and
-#: MERGE into Delta in batches with a replay. (The CLI help and the spark-submit run start no
-#: session of the test's; the other MERGE paths run the same statements.) The stream into Delta,
-#: whose ``foreachBatch`` runs in a Python worker of the server, failed under Connect
-#: (STREAM_FAILED) and is not claimed there until it passes.
-UNDER_CONNECT = "latest_state or history or schema_from_files or apply_to_delta_in_batches"
+#: Tests of test_spark_incremental.py that run again under Spark Connect: the batch jobs, MERGE
+#: into Delta in batches with a replay and the stream into Delta with schema changes (its
+#: ``foreachBatch`` runs in Python workers of the server). (The CLI help and the spark-submit
+#: run start no session of the test's; the other MERGE paths run the same statements.)
+UNDER_CONNECT = (
+    "latest_state or history or schema_from_files or apply_to_delta_in_batches or stream_to_delta"
+)
 
 
 def test_no_classic_only_apis() -> None:
