@@ -216,7 +216,14 @@ async def test_broker_outage_holds_then_everything_arrives(
     daemon.start()
     workload.start()
     try:
-        await wait_until(lambda: confirmed_flush(pg_db) > start, "a first confirmation")
+        # a transaction with changes confirmed (not only a keepalive's position): the checks
+        # below need one the broker held before the outage
+        await wait_until(
+            lambda: any(
+                n and start < end <= confirmed_flush(pg_db) for end, n in truth(pg_db).values()
+            ),
+            "a first transaction confirmed",
+        )
         await broker.stop()
         await asyncio.sleep(OUTAGE_SECONDS)
         daemon.assert_running()
