@@ -156,6 +156,18 @@ def test_insert_only_while_running(pg_db: PgDatabase, tmp_path: Path) -> None:
         pg_db.execute("CREATE TABLE late_nk (x int); CREATE TABLE late_k (id int PRIMARY KEY)")
         wait_for(lambda: "public.late_nk" in published(pg_db, TWIN), "late_nk in the twin")
         wait_for(lambda: "public.late_k" in published(pg_db, PUB), "late_k in the main one")
+        # a table added to the publication is backfilled: written to only once that is done,
+        # so that its events do not depend on when the backfill reads it
+        wait_for(
+            lambda: (
+                re.search(
+                    r'"event":"incremental snapshot of table done".*"table":"public\.late_k"',
+                    log_path.read_text(),
+                )
+                is not None
+            ),
+            "late_k backfilled",
+        )
         application_writes(pg_db, "late_nk")
         pg_db.execute("INSERT INTO late_k VALUES (1); UPDATE late_k SET id = 2")
         samples = scrape(port)
