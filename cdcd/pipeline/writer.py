@@ -166,8 +166,9 @@ class Writer:
             stats.sinks[:] = [SinkStats(sink.type_name) for sink in sinks]
         # a first flush is due flush_interval after the start, not at once
         self._last_flush = [time.monotonic()] * len(sinks)
-        # called after a flush made more durable: the snapshots record their durable chunks
-        # at once, so that a crash right after a flush re-reads as little as possible
+        # called by poll_durable when the durable position moved (each sink calls it as its own
+        # position moves, service.py): the snapshots record their durable chunks at once, so
+        # that a crash right after a flush re-reads as little as possible
         self.on_durable: list[Callable[[], None]] = []
         self._flush_wanted = [False] * len(sinks)  # request_flush: flush at the next chance
         for sink in sinks:  # the sinks' own buffers: half the limit, shared out
@@ -546,8 +547,6 @@ class Writer:
         stats.durable_lsn = lsn
         if self._latency is not None:
             self._latency.durable(self._tracker.durable_lsn())
-        for listener in self.on_durable:
-            listener()
 
 
 def _record_batches(
