@@ -21,7 +21,11 @@ Sources:
   repeat what the value's ``source`` holds.
 
 Restarting a query from its checkpoint resumes after the last committed micro-batch; the one
-that was running when it stopped is run again and changes nothing it already changed.
+that was running when it stopped is run again and changes nothing it already changed. Spark
+4.1's Kafka source then fails the query once that batch is committed (a null pointer reporting
+its progress, SPARK-55271: its latest offsets are unknown because the batch came from the
+checkpoint): a Kafka stream whose checkpoint holds an unfinished batch runs that batch alone
+first (``trigger(once=True)``) and then starts the query, which reads on from the commit.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
@@ -153,18 +158,56 @@ def stream_table(
             source = files.schema(event_schema(spark, path, table, format)).parquet(folder)
         else:
             source, prepare = files.text(folder), _parse_lines(path, table)
-    return stream_to_table(
-        source,
-        ref,
-        checkpoint,
-        key_columns,
-        target_format,
-        available_now,
-        processing_time,
-        prepare=prepare,
-        label=table,
-        cdc=cdc,
-    )
+
+    def start(once: bool = False) -> StreamingQuery:
+        return stream_to_table(
+            source,
+            ref,
+            checkpoint,
+            key_columns,
+            target_format,
+            available_now,
+            processing_time,
+            prepare=prepare,
+            label=table,
+            cdc=cdc,
+            once=once,
+        )
+
+    if kafka_bootstrap is not None and unfinished_batch(spark, checkpoint):
+        _finish_batch(spark, checkpoint, table, start)
+    return start()
+
+
+def unfinished_batch(spark: SparkSession, checkpoint: str) -> bool:
+    """Whether the newest micro-batch of the query checkpointed in ``checkpoint`` has its
+    offsets written and no commit (the query stopped in it)."""
+
+    def batches(kind: str) -> set[int]:
+        try:
+            found = spark.read.format("binaryFile").load(f"{checkpoint.rstrip('/')}/{kind}")
+            paths = [row["path"] for row in found.select("path").collect()]
+        except AnalysisException:  # no such folder: no batch yet
+            return set()
+        names = (path.rstrip("/").rsplit("/", 1)[-1] for path in paths)
+        return {int(name) for name in names if name.isdigit()}
+
+    offsets = batches("offsets")
+    return bool(offsets) and max(offsets) not in batches("commits")
+
+
+def _finish_batch(
+    spark: SparkSession, checkpoint: str, table: str, start: Callable[[bool], StreamingQuery]
+) -> None:
+    """Run the unfinished micro-batch of ``checkpoint`` alone (see the module: SPARK-55271).
+    An error is raised unless the batch got committed."""
+    query = start(True)
+    try:
+        query.awaitTermination()
+    except Exception as exc:
+        if unfinished_batch(spark, checkpoint):
+            raise
+        log.info("%s: the unfinished micro-batch is done (then: %s)", table, str(exc)[:200])
 
 
 def _parse_lines(path: str, table: str) -> Callable[[DataFrame], DataFrame]:

@@ -298,11 +298,13 @@ def stream_to_table(
     prepare: Callable[[DataFrame], DataFrame] | None = None,
     label: str | None = None,
     cdc: AutoCdc | None = None,
+    once: bool = False,
 ) -> StreamingQuery:
     """Start a streaming query applying each micro-batch of ``events`` (a streaming DataFrame
     of one table's events; or of records that ``prepare`` turns into events, per batch) to
     ``target`` with the AUTO CDC options ``cdc`` and return it. ``available_now`` processes
-    what is there and stops. Through Spark Connect it turns off the session's plan cache
+    what is there and stops; ``once`` runs one micro-batch (the one a crash left unfinished,
+    if any) and stops. Through Spark Connect it turns off the session's plan cache
     (:data:`CONNECT_PLAN_CACHE`)."""
     options = (cdc or AutoCdc()).options()
     if type(events).__module__.startswith("pyspark.sql.connect"):
@@ -320,11 +322,12 @@ def stream_to_table(
         .option("checkpointLocation", checkpoint)
         .queryName(f"cdcd-{label or 'events'}".replace(".", "-"))
     )
-    writer = (
-        writer.trigger(availableNow=True)
-        if available_now
-        else writer.trigger(processingTime=processing_time)
-    )
+    if once:
+        writer = writer.trigger(once=True)
+    elif available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=processing_time)
     return writer.start()
 
 
