@@ -15,7 +15,9 @@ Begins, inserts, updates, deletes and commits that come in a row are fed in one 
 (``Assembler.feed_run``): the changes of a large transaction that the assembler keeps in compact
 form undecoded (decoded once, when the transaction is released), the rest decoded and fed; the
 call returns at each transaction (or part) released. Every other message (Relation, Type,
-logical messages, streaming and two-phase ones, Origin) goes through the loop here, one by one.
+logical messages, streaming and two-phase ones, Origin) goes through the loop here, one by one,
+as does a streamed change whose row JSON the reader renders before feeding it (docs/assembler.md,
+"Rendering streamed changes"). Type messages go to the catalog's type registry from here.
 
 A regular transaction is handed to the writer in parts while it arrives (docs/assembler.md,
 "Parts"); the handover decides when, and what to put of each part after a reconnect. The last
@@ -36,6 +38,7 @@ from cdcd.config import Config
 from cdcd.decoder import events as ev
 from cdcd.decoder.pgoutput import PgOutputDecoder
 from cdcd.errors import SpillError
+from cdcd.events.encoder import Encoder
 from cdcd.lsn import format_lsn
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.stream import Drop, Endpos, Handover, Put
@@ -73,8 +76,12 @@ class Reader:
         endpos: int | None,
         stop: asyncio.Event,
         watermarks: Watermarks | None = None,
+        renderer: Encoder | None = None,
     ) -> None:
         self.config = config
+        #: Renders a streamed change's row JSON as it arrives, when some sink writes JSON
+        #: (docs/assembler.md, "Rendering streamed changes"); None: nothing is rendered.
+        self.renderer = renderer
         self.assembler = assembler
         self.catalog = catalog
         self.tracker = tracker
@@ -122,6 +129,7 @@ class Reader:
         )
         catalog = self.catalog
         writer = self.writer
+        renderer = self.renderer
         reads_before = stats.socket_reads
         async for batch in client.message_batches():
             # The server sends a message only after every transaction prepared or committed
@@ -141,7 +149,7 @@ class Reader:
                     # "Parts")
                     try:
                         run, nbytes, wal_end, txn = assembler.feed_run(
-                            batch, position, decoder.decode, decoder.in_stream
+                            batch, position, decoder.decode, decoder.in_stream, renderer is not None
                         )
                     except OSError as exc:
                         raise self._spill_error(exc) from exc
@@ -157,6 +165,17 @@ class Reader:
                         stats.received_bytes += len(data)
                         if wal_end > streamed:
                             streamed = wal_end
+                        if renderer is not None and decoder.in_stream:
+                            rel = assembler.undecoded_relation(data, lsn, streamed=True)
+                            if rel is not None:  # rendered as it arrives (docs/assembler.md)
+                                rendered = renderer.render(data, rel)
+                                try:
+                                    assembler.feed_undecoded(
+                                        data, lsn, streamed=True, rendered=rendered
+                                    )
+                                except OSError as exc:
+                                    raise self._spill_error(exc) from exc
+                                continue
                         msg = decoder.decode(data, lsn)
                         kind = type(msg)
                         if kind is ev.Message and msg.prefix in PREFIXES:  # type: ignore[union-attr]
@@ -164,6 +183,8 @@ class Reader:
                         elif kind is ev.Relation:
                             handover.received(streamed)
                             await catalog.on_relation(msg)  # type: ignore[arg-type]
+                        elif kind is ev.Type:
+                            catalog.types.observe(msg)  # type: ignore[arg-type]
                         two_phase = kind in _TWO_PHASE_EVENTS
                         if two_phase:
                             unknown = assembler.unknown_gid_resolutions

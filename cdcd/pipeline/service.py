@@ -163,14 +163,11 @@ class Pipeline:
         self.assembler = assembler = Assembler(
             memory_limit=cfg.buffer.memory_limit,
             spill_dir=cfg.buffer.spill_dir,
-            on_type=catalog.types.observe,
             part_bytes=COMPACT_BYTES,  # transactions go to the sinks while they arrive
         )
         self.sinks = [load_sink_class(spec.type)(spec.config, context) for spec in cfg.sinks]
         self.tracker = tracker = ProgressTracker(len(self.sinks))
         encoder = Encoder(context, catalog)
-        if any(sink.writes_json for sink in self.sinks):
-            assembler.render = encoder.render  # docs/assembler.md
         self.writer = writer = Writer(
             self.sinks,
             encoder,
@@ -211,6 +208,8 @@ class Pipeline:
             endpos=self.endpos,
             stop=self._stop,
             watermarks=self.incremental.watermarks,
+            # docs/assembler.md, "Rendering streamed changes"
+            renderer=encoder if any(sink.writes_json for sink in self.sinks) else None,
         )
         self.supervisor = supervisor = Supervisor(source, reader, catalog, self.stats, self._stop)
         self.recreator = SlotRecreator(

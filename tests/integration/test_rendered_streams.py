@@ -3,7 +3,8 @@ changes") give byte for byte the events that rendering them at the commit gives.
 
 Every captured stream of the corpus (``tests/corpus``: PostgreSQL 15, 16 and 18, every option
 set) is fed as the daemon feeds it (changes of a transaction in spill format taken undecoded),
-once with ``Assembler.render`` set and once without; both with every transaction in spill
+once with each streamed change's row JSON rendered on arrival (``Encoder.render``, as the
+reader does) and once without; both with every transaction in spill
 format from its first change, and once more spilled to files. Every event of every released
 transaction must be the same: its JSON Lines record, Kafka key and value, the value and key
 as dicts, its native rows (what Parquet writes) and its position.
@@ -32,11 +33,13 @@ def _released(
     header, rows = load_corpus(path)
     decoder = PgOutputDecoder(int(header["options"]["proto_version"]))
     asm = Assembler(compact_bytes=0, memory_limit=0 if spill_dir else 1 << 30, spill_dir=spill_dir)
-    if render:
-        asm.render = encoder.render
     out = []
     for lsn, _xid, data in rows:
-        if asm.feed_undecoded(data, lsn, streamed=decoder.in_stream):
+        rendered = None
+        if render and decoder.in_stream:
+            rel = asm.undecoded_relation(data, lsn, streamed=True)
+            rendered = None if rel is None else encoder.render(data, rel)
+        if asm.feed_undecoded(data, lsn, streamed=decoder.in_stream, rendered=rendered):
             continue
         txn = asm.feed(decoder.decode(data, lsn), lsn, data)
         if txn is not None:

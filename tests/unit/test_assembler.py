@@ -158,13 +158,12 @@ def test_empty_regular_transaction_is_released(feed: Feeder) -> None:
     assert txn.size == 0 and list(txn.changes()) == []
 
 
-def test_type_messages_go_to_callback_everywhere() -> None:
-    seen: list[Type] = []
-    f = Feeder(Assembler(on_type=seen.append))
+def test_type_messages_are_taken_everywhere_and_release_nothing() -> None:
+    f = Feeder(Assembler())
     t1, t2 = Type(None, 900, "public", "mood"), Type(5, 901, "public", "color")
     begin, commit = f.begin(1)
-    f(t1, begin, commit, StreamStart(5, True), t2, StreamStop())
-    assert seen == [t1, t2]
+    (txn,) = f(t1, begin, t2, commit, StreamStart(5, True), t2, StreamStop())
+    assert txn.size == 0 and txn.kind == "regular"
 
 
 # --- logical messages ------------------------------------------------------------------------

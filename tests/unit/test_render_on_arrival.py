@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from cdcd.assembler.spill import SpillFile
 from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.decoder.events import (
     Column,
+    PgOutputMessage,
     Relation,
     StreamAbort,
     StreamCommit,
@@ -74,15 +76,15 @@ def stream(
     """One streamed transaction of ``changes`` (fed as the daemon feeds them, everything in
     spill format), optionally with Stream Abort of a subtransaction before its commit."""
     asm = Assembler(compact_bytes=0)
-    if enc is not None:
-        asm.render = enc.render
     lsn = 0x1000
     for rel in (KEYED, KEYLESS):
         asm.feed(rel, lsn)
     asm.feed(StreamStart(XID, True), lsn)
     for data in changes:
         lsn += 0x10
-        if not asm.feed_undecoded(data, lsn, streamed=True):
+        rel = asm.undecoded_relation(data, lsn, streamed=True)
+        rendered = None if enc is None or rel is None else enc.render(data, rel)
+        if not asm.feed_undecoded(data, lsn, streamed=True, rendered=rendered):
             asm.feed(decode_change(data, lsn, streamed=True), lsn, data)
     asm.feed(StreamStop(), lsn)
     if abort_subxid is not None:
@@ -210,3 +212,28 @@ def test_a_damaged_rendered_record_is_an_error_naming_its_lsn() -> None:
     spill._chunks = [damaged]
     with pytest.raises(ValueError, match=r"0/1234.*rendered JSON"):
         list(spill.reader()())
+
+
+@pytest.mark.parametrize("renders", [False, True])
+def test_feed_run_leaves_changes_to_render_to_the_caller(renders: bool) -> None:
+    """With ``renders``, a run stops before a streamed change that would be taken undecoded
+    (the reader renders it, then feeds it); the change before it, decoded, is taken."""
+    asm = Assembler(compact_bytes=0)
+    for rel in (KEYED, KEYLESS):
+        asm.feed(rel, 0x1000)
+    asm.feed(StreamStart(XID, True), 0x1000)
+    second = insert(KEYED, b"1", b"1", b"x")
+    batch: list[Any] = [(0x1010, 0x1010, 0, FIRST), (0x1020, 0x1020, 0, second)]
+
+    def decode(data: bytes, lsn: int) -> PgOutputMessage:
+        return decode_change(data, lsn, streamed=True)
+
+    taken, _, _, txn = asm.feed_run(batch, 0, decode, True, renders)
+    assert (taken, txn) == ((1, None) if renders else (2, None))
+    if renders:
+        rel = asm.undecoded_relation(second, 0x1020, streamed=True)
+        assert rel is KEYED
+        assert asm.feed_undecoded(
+            second, 0x1020, streamed=True, rendered=encoder().render(second, rel)
+        )
+        assert asm.rendered == 1
