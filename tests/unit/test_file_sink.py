@@ -585,3 +585,38 @@ async def test_an_object_store_publication_always_runs_in_the_worker_thread() ->
     from cdcd.sinks.file.storage import ObjectStorePublisher
 
     assert Publisher.local and not ObjectStorePublisher.local
+
+
+def test_a_flapping_disk_is_warned_about_once_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy host publishing turns slow and quick again many times a second: the warning
+    comes at most once per SLOW_LOG_EVERY_SECONDS and counts the turns since the last one; the
+    switch between the loop and the thread still follows every job."""
+    import cdcd.sinks.file.layout as layout_module
+
+    clock = [0.0]
+    took = [0.0]
+
+    def publish(files: Any, dirty: Any, fsync: bool) -> None:
+        clock[0] += took[0]
+
+    monkeypatch.setattr(layout_module, "publish_files", publish)
+    monkeypatch.setattr(layout_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    publisher = layout_module.Publisher(fsync=False)
+    quick_flags = []
+    with structlog.testing.capture_logs() as logs:
+        for second in range(130):  # slow, then quick, every second for 130 s
+            for job in (0.05, 0.001):
+                took[0] = job
+                publisher.publish_files([], set())
+                quick_flags.append(publisher.quick)
+            clock[0] = second + 1.0
+    said = [(e["event"], e.get("turned_slow")) for e in logs if e["event"].startswith("file_")]
+    assert said == [
+        ("file_publish_slow", 1),
+        ("file_publish_quick", None),
+        ("file_publish_slow", 60),
+        ("file_publish_quick", None),
+        ("file_publish_slow", 60),
+        ("file_publish_quick", None),
+    ]
+    assert quick_flags == [False, True] * 130

@@ -260,6 +260,9 @@ class TransactionLogWriter(JsonlTableWriter):
 #: a publication job that takes longer than this means a slow or stalled disk: the file sink
 #: then publishes in its worker thread, not on the event loop, until a job is quick again
 QUICK_PUBLISH_SECONDS = 0.01
+#: at most one ``file_publish_slow`` warning this often: on a busy host publishing turns slow
+#: and quick again many times a second, and each turn is not worth a line
+SLOW_LOG_EVERY_SECONDS = 60.0
 
 log = structlog.get_logger(__name__)
 
@@ -274,6 +277,9 @@ class Publisher:
         self.fsync = fsync
         self._dirty: set[Path] = set()
         self.last_seconds = 0.0  # how long the last publication job took
+        self._warned_at: float | None = None  # when file_publish_slow was last logged
+        self._said_slow = False  # the last turn to slow was logged: say when it ends
+        self._turns = 0  # turns to slow since the last warning
 
     @property
     def quick(self) -> bool:
@@ -317,12 +323,20 @@ class Publisher:
         publish_files(files, dirty, self.fsync)
         self.last_seconds = seconds = time.monotonic() - began
         if was_quick and not self.quick:
-            log.warning(
-                "file_publish_slow",
-                folder=str(files[0][1].parent) if files else None,
-                seconds=round(seconds, 3),
+            self._turns += 1
+            now = time.monotonic()
+            self._said_slow = (
+                self._warned_at is None or now - self._warned_at >= SLOW_LOG_EVERY_SECONDS
             )
-        elif self.quick and not was_quick:
+            if self._said_slow:
+                log.warning(
+                    "file_publish_slow",
+                    folder=str(files[0][1].parent) if files else None,
+                    seconds=round(seconds, 3),
+                    turned_slow=self._turns,  # times since the last warning, this one included
+                )
+                self._warned_at, self._turns = now, 0
+        elif self.quick and not was_quick and self._said_slow:
             log.info("file_publish_quick", seconds=round(seconds, 4))
 
 
