@@ -244,7 +244,7 @@ class SnapshotConfig(_Model):
     mode: Annotated[
         Literal["initial", "never", "initial_only", "incremental"], BeforeValidator(_lowercase)
     ] = "initial"
-    #: where cdcd records that a snapshot is running, so an interrupted one is redone
+    #: where cdcd records a snapshot's progress, so an interrupted one resumes (or is redone)
     state_dir: ConfigPath = Field(default=Path("cdcd-state"), validate_default=True)
     #: rows handed to the sinks per batch while snapshotting
     batch_rows: int = Field(default=5000, ge=1)
@@ -254,10 +254,12 @@ class SnapshotConfig(_Model):
     #: the initial snapshot starts with one of them and adds one while that raises the rate
     #: (false: all of them from the start); docs/snapshots.md
     tune_workers: bool = True
-    #: rows per block-range chunk of the initial snapshot, estimated from pg_class
+    #: rows per chunk of the initial snapshot read by several workers (key ranges, or block
+    #: ranges estimated from pg_class for a table without a key)
     initial_chunk_rows: int = Field(default=100_000, ge=1)
     #: rows per chunk of an incremental snapshot at most: the size adapts below it, and within
-    #: a share of buffer.memory_limit (docs/snapshots.md "Backfill speed")
+    #: a share of buffer.memory_limit (docs/snapshots.md "Backfill speed"); the initial
+    #: snapshot's rows handed but not recorded durable, at most (what a kill emits again)
     chunk_rows: int = Field(default=32_768, ge=1)
     #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a
     #: crash may emit again; throughput is at most this many chunks per sink flush interval

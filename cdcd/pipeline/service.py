@@ -198,6 +198,9 @@ class Pipeline:
         )
         if source.backfill is not None:  # a slot made outside cdcd: its snapshot
             self.incremental.request(source.backfill)
+        if source.resume is not None:  # an interrupted initial snapshot: the rest
+            self.incremental.resume(source.resume.tables)
+            source.resumed()
         self.reader = reader = Reader(
             cfg,
             assembler,

@@ -120,6 +120,15 @@ class IncrementalSnapshot:
         self.state.request(tables)
         self._wake.set()
 
+    def resume(self, tables: dict[str, tuple[list[Any] | None, int]]) -> None:
+        """The rest of an interrupted initial snapshot: each table after its durable key."""
+        log.info(
+            "the rest of the initial snapshot is read incrementally",
+            tables={name: key for name, (key, _) in tables.items()},
+        )
+        self.state.resume(tables)
+        self._wake.set()
+
     def restart(self, tables: list[str]) -> None:
         """Backfill ``tables`` from their first key, now (a recreated slot): the chunk in
         flight is abandoned, since the new slot may never carry its watermarks."""

@@ -23,6 +23,8 @@ records it finished only after that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,14 +40,17 @@ from cdcd.events.encoder import Encoder
 from cdcd.lsn import format_lsn, unix_to_pg_us
 from cdcd.sinks.base import Sink
 from cdcd.sinks.retry import retrying
+from cdcd.snapshot.initial_progress import InitialProgress, key_indexes
 from cdcd.source import open_sql
 from cdcd.source.catalog import LiveCatalog
 from cdcd.source.snapshot import (
     SnapshotTable,
     TableChunk,
     copy_chunk,
+    key_chunks,
     published_tables,
     table_chunks,
+    usable_key,
 )
 from cdcd.stats import Stats
 
@@ -165,7 +170,8 @@ def take_chunks(chunks: list[TableChunk], index: int, alone: bool) -> tuple[Tabl
         while after < len(chunks) and chunks[after].table is chunk.table:
             after += 1
         if after > index + 1:
-            chunk = TableChunk(chunk.table, chunk.first, chunks[after - 1].end)
+            last = chunks[after - 1]
+            chunk = dataclasses.replace(chunk, end=last.end, upto=last.upto)
     return chunk, after
 
 
@@ -180,6 +186,9 @@ async def _open_at_snapshot(config: Config, source: Any, snapshot_name: str) -> 
         await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         literal = "'" + snapshot_name.replace("'", "''") + "'"
         await conn.execute(f"SET TRANSACTION SNAPSHOT {literal}")
+        # tables with a key are read in key order: along the key's index, never a sort of
+        # the whole table (which would first spill it to disk)
+        await conn.execute("SET LOCAL enable_sort = off")
     except BaseException:
         conn.terminate()
         raise
@@ -215,6 +224,10 @@ async def _resets(
     return list(encoder.events(reset))
 
 
+def _name(table: SnapshotTable) -> str:
+    return f"{table.relation.namespace}.{table.relation.name}"
+
+
 async def initial_snapshot(
     config: Config,
     source: Any,
@@ -246,13 +259,33 @@ async def initial_snapshot(
             for name in config.source.publication_names()
             for table in await published_tables(conns[0], name)
         ]
+        # Tables with a usable key are read in key order, so that what is durable can be
+        # recorded as "every row up to this key" and an interruption resumes after it; those
+        # without one first, since an interruption before they are done takes it all again.
+        keys = {}
+        for table in tables:
+            key = await usable_key(conns[0], table)
+            if key is not None:
+                keys[_name(table)] = key
+        tables.sort(key=lambda t: _name(t) in keys)
         chunks: list[TableChunk] = []
         for table in tables:  # one worker reads tables whole: ranges would only cost
-            chunks += (
-                await table_chunks(conns[0], table, cfg.initial_chunk_rows)
-                if cfg.workers > 1
-                else [TableChunk(table, None, None)]
-            )
+            key = keys.get(_name(table))
+            if cfg.workers == 1:
+                chunks.append(TableChunk(table, None, None, None if key is None else tuple(key)))
+            elif key is not None:
+                chunks += await key_chunks(conns[0], table, key, cfg.initial_chunk_rows)
+            else:
+                chunks += await table_chunks(conns[0], table, cfg.initial_chunk_rows)
+        progress = InitialProgress(
+            {
+                _name(t): key_indexes([c.name for c in t.relation.columns], keys[_name(t)])
+                for t in tables
+                if _name(t) in keys
+            },
+            cfg.chunk_rows,
+        )
+        await asyncio.to_thread(plan.state.progress, point, {})
         commit_time = unix_to_pg_us(int(time.time() * 1_000_000))
         txn = Transaction(
             kind="snapshot",
@@ -302,11 +335,48 @@ async def initial_snapshot(
                         readers.notify_all()
                 log.debug("snapshot readers", readers=was, rows_per_s=round(rate))
 
+        async def record(handed: int, entries: dict[str, dict[str, Any]]) -> None:
+            """Make what is handed durable in every sink, then record it (InitialProgress)."""
+            await each_sink("flush", lambda sink: sink.flush())
+            await asyncio.to_thread(plan.state.progress, point, entries)
+            progress.recorded(handed)
+
+        recording: asyncio.Task[None] | None = None
+
+        async def checkpoint() -> None:
+            """A record every so often; the writer waits while too much is not durable."""
+            nonlocal recording
+            if recording is not None and (recording.done() or progress.must_wait()):
+                await recording
+                recording = None
+            if recording is None and progress.due():
+                recording = asyncio.create_task(record(*progress.take()))
+                if progress.must_wait():
+                    await recording
+                    recording = None
+
         async def write() -> int:
-            pending: tuple[Any, Sequence[TupleData]] | None = None
+            try:
+                return await write_all()
+            except asyncio.CancelledError:  # a stop request: record what was handed
+                with contextlib.suppress(Exception):
+                    if recording is not None:
+                        await recording
+                    if progress.handed > progress.started:
+                        await record(*progress.take())
+                    log.info("initial snapshot stopped; recorded", rows=progress.durable)
+                raise
+            finally:
+                if recording is not None and not recording.done():
+                    recording.cancel()
+                    await asyncio.gather(recording, return_exceptions=True)
+
+        async def write_all() -> int:
+            pending: tuple[Any, Sequence[TupleData], str] | None = None
+            ends: dict[str, Sequence[TupleData]] = {}  # a table is done once this is handed
             seq = 0
 
-            async def emit(relation: Any, rows: Sequence[TupleData], last: bool) -> None:
+            async def emit(relation: Any, rows: Sequence[TupleData], name: str, last: bool) -> None:
                 nonlocal seq, written
                 events = encoder.snapshot_run(  # events made as a sink asks for them
                     relation,
@@ -322,6 +392,10 @@ async def initial_snapshot(
                 stats.events += len(events)
                 for table, op, n in encoder.take_counts():  # the encoder counts what it makes
                     stats.count(table, op, n)
+                progress.hand(name, rows)
+                if ends.get(name) is rows:
+                    progress.finish(name)
+                await checkpoint()
 
             await each_sink("begin", lambda sink: sink.begin(txn))
             if plan.reset:  # an earlier attempt's rows may be in the sinks: forget them first
@@ -339,15 +413,23 @@ async def initial_snapshot(
             described = None
             for index, chunk in enumerate(chunks):
                 relation = chunk.table.relation
+                name = _name(chunk.table)
                 if relation is not described:
                     described = relation
                     await catalog.on_relation(relation)
                 while (rows := await queue.take(index)) is not None:
                     if pending is not None:
                         await emit(*pending, last=False)
-                    pending = (relation, rows)
+                    pending = (relation, rows, name)
+                if index + 1 == len(chunks) or chunks[index + 1].table is not chunk.table:
+                    if pending is not None and pending[2] == name:
+                        ends[name] = pending[1]
+                    else:
+                        progress.finish(name)
             if pending is not None:
                 await emit(*pending, last=True)
+            if recording is not None:  # its flush, before the commit
+                await recording
             await each_sink("commit", lambda sink: sink.commit(txn))
             return seq
 

@@ -83,6 +83,19 @@ class IncrementalState:
             }
         self.save()
 
+    def resume(self, tables: dict[str, tuple[list[Any] | None, int]]) -> None:
+        """Snapshot ``tables`` from after a key (``(last key or None, rows so far)``): the
+        rest of an interrupted initial snapshot (:mod:`cdcd.source.resume`)."""
+        for name, (last_key, rows) in tables.items():
+            self.tables[name] = {
+                "status": "pending",
+                "last_key": last_key,
+                "rows": rows,
+                "estimate": None,
+                "estimated_from": None,
+            }
+        self.save()
+
     def pending(self) -> list[str]:
         return [n for n, t in self.tables.items() if t["status"] in ("pending", "running")]
 

@@ -33,6 +33,7 @@ from cdcd.replication.client import ReplicationClient, SlotExists
 from cdcd.replication.hosts import Role, connect_first
 from cdcd.source import publication as publications
 from cdcd.source import slot as slots
+from cdcd.source.resume import Resume, incremental_unavailable, resume_plan
 from cdcd.source.snapshot import (
     RecreateState,
     SnapshotState,
@@ -133,16 +134,10 @@ async def existing_slot_backfill(conn: Any, config: Config) -> tuple[list[str], 
     src = config.source
     tables = await published_tables(conn, src.publication)
     names = [f"{t.relation.namespace}.{t.relation.name}" for t in tables]
-    why = None
-    if config.snapshot.mode == "initial_only":
-        why = "snapshot.mode initial_only reads the snapshot a new slot exports"
-    elif not src.messages:
-        why = "source.messages is off, and an incremental snapshot's watermarks need it"
-    elif src.binary:
-        why = "source.binary is on, and an incremental snapshot compares keys as text"
-    elif await slots.in_recovery(conn):
-        why = "cdcd is connected to a standby, where an incremental snapshot cannot write its watermarks"
-    else:
+    why: str | None = "snapshot.mode initial_only reads the snapshot a new slot exports"
+    if config.snapshot.mode != "initial_only":
+        why = await incremental_unavailable(conn, config)
+    if why is None:
         keyless = [
             name
             for name, t in zip(names, tables, strict=True)
@@ -202,6 +197,9 @@ class Source:
         #: set by :meth:`prepare` when the slot existed but no snapshot of this configuration
         #: was taken: the tables the pipeline backfills with an incremental snapshot
         self.backfill: list[str] | None = None
+        #: set by :meth:`prepare`: an interrupted initial snapshot that resumes (the pipeline
+        #: requests the rest as incremental snapshots, then :meth:`resumed`)
+        self.resume: Resume | None = None
         #: published tables whose UPDATE/DELETE fail (logged at start; cdcd.pipeline watches)
         self.breaking: list[str] = []
 
@@ -286,6 +284,18 @@ class Source:
         wants_snapshot = self.config.snapshot.mode in ("initial", "initial_only")
         redo = wants_snapshot and state.running()  # an earlier attempt did not finish
         if info is not None and redo:
+            self.resume, why = await resume_plan(conn, self.config, state, info)
+            if self.resume is not None:  # the rest incrementally, on the same slot
+                redo = False
+                log.warning(
+                    "the previous initial snapshot did not finish; resuming it: what every "
+                    "sink holds stays, the rest is read by an incremental snapshot",
+                    slot=src.slot,
+                    tables_left=len(self.resume.tables),
+                )
+            else:
+                log.warning("the interrupted initial snapshot cannot be resumed", reason=why)
+        if info is not None and redo:
             log.warning(
                 "the previous initial snapshot did not finish and cannot be resumed; dropping "
                 "the slot and snapshotting again",
@@ -343,6 +353,14 @@ class Source:
                     )
         await self._warn_unprotected()
         return plan
+
+    def resumed(self) -> None:
+        """The rest of an interrupted initial snapshot is recorded as incremental snapshots
+        to take: the initial one is over."""
+        assert self.resume is not None
+        SnapshotState(self.config.snapshot.state_dir, self.config.source.slot).finish(
+            self.resume.point
+        )
 
     async def _take_untaken_snapshot(self, conn: Any) -> list[str]:
         """The slot existed before cdcd ever used it (``cdcd slot create``, a DBA's) and

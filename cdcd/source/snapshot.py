@@ -8,10 +8,11 @@ stays open (and idle), an ordinary connection reads every published table inside
 ``REPEATABLE READ`` with ``SET TRANSACTION SNAPSHOT`` — exactly the database state at the slot's
 consistent point, so streaming from the slot continues with no gap and no overlap
 (PostgreSQL docs, "Exported Snapshots" and CREATE_REPLICATION_SLOT). An exported snapshot cannot
-be resumed after a restart (docs/protocol.md): a state file records that a snapshot is running; if cdcd
-finds it unfinished at start, it drops the slot and snapshots again (events of the interrupted
-attempt may then appear twice in the sinks, with different positions: consumers keep the last
-``r`` event per key, as with Debezium's restarted snapshots).
+be resumed after a restart (docs/protocol.md): a state file records that a snapshot is running,
+and what of each table every sink holds (:meth:`SnapshotState.progress`); an unfinished one
+found at start resumes on the same slot by key (:mod:`cdcd.source.resume`), or else the slot
+is dropped and the snapshot taken again (events of the interrupted attempt may then appear
+twice in the sinks, with different positions: consumers keep the last ``r`` event per key).
 
 Positions: all snapshot events form one pseudo-transaction at ``commit_lsn`` = the slot's
 consistent point - 1, ``seq`` counting across tables, which sorts them before every streamed
@@ -34,6 +35,7 @@ chunk order, so ``seq`` stays dense and in table order however the reads interle
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -91,11 +93,15 @@ class SnapshotTable:
 @dataclass(frozen=True, slots=True)
 class TableChunk:
     """Blocks ``[first, end)`` of ``table`` (``None``: unbounded on that side; both ``None``:
-    the whole table in one read)."""
+    the whole table in one read); with ``keys`` (``(name, type)`` of the table's key), the
+    keys ``(after, upto]`` instead, read in key order (``None``: unbounded on that side)."""
 
     table: SnapshotTable
     first: int | None
     end: int | None
+    keys: tuple[tuple[str, str], ...] | None = None
+    after: list[Any] | None = None
+    upto: list[Any] | None = None
 
 
 def write_state(path: Path, data: dict[str, Any]) -> None:
@@ -203,6 +209,26 @@ class SnapshotState:
     def finish(self, consistent_point: int) -> None:
         self._write({"status": "done", "consistent_point": consistent_point})
 
+    def progress(self, consistent_point: int, tables: dict[str, dict[str, Any]]) -> None:
+        """Still running; what of each table every sink holds durably (written by
+        :mod:`cdcd.snapshot.initial`, read back by :meth:`recorded`): ``{"status": "done"}``,
+        or ``{"status": "running", "last_key": [...] or None, "rows": n}`` for a table read in
+        key order (every row up to ``last_key`` is durable; the key's values as text, as
+        :class:`cdcd.snapshot.state.IncrementalState` keeps them)."""
+        self._write({"status": "running", "consistent_point": consistent_point, "tables": tables})
+
+    def recorded(self) -> tuple[int, dict[str, dict[str, Any]]] | None:
+        """An unfinished snapshot's consistent point and tables' progress (:meth:`progress`);
+        None when there is none, or it was written by a version that did not record it."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        if data.get("status") != "running" or not isinstance(data.get("tables"), dict):
+            return None
+        point = data.get("consistent_point")
+        return (int(point), data["tables"]) if point else None
+
 
 async def published_tables(
     conn: Any, publication: str, only: tuple[str, str] | None = None
@@ -302,9 +328,49 @@ def chunk_query(chunk: TableChunk) -> str | None:
         where.append(f"ctid < '({chunk.end},0)'::tid")
     if table.row_filter:
         where.append(f"({table.row_filter})")
+    keys = list(chunk.keys or ())
+    if keys:  # a key range, in key order (docs/snapshots.md: what an interruption costs)
+        cols = ", ".join(quote_ident(k) for k, _ in keys)
+        if chunk.after is not None:
+            where.append(f"({cols}) > ({_key_literal(keys, chunk.after)})")
+        if chunk.upto is not None:
+            where.append(f"({cols}) <= ({_key_literal(keys, chunk.upto)})")
     if where:
         sql += " WHERE " + " AND ".join(where)
+    if keys:
+        sql += " ORDER BY " + ", ".join(quote_ident(k) for k, _ in keys)
     return sql
+
+
+async def key_chunks(
+    conn: Any, table: SnapshotTable, keys: list[tuple[str, str]], rows_per_chunk: int
+) -> list[TableChunk]:
+    """``table`` split into key ranges of ``rows_per_chunk`` rows (the bounds looked up on the
+    key's index with :func:`next_bound`, inside the caller's transaction), in key order."""
+    bounds: list[list[str | None]] = []
+    after = None
+    while (after := await next_bound(conn, table, keys, after, rows_per_chunk)) is not None:
+        bounds.append(after)
+    edges: list[list[str | None] | None] = [None, *bounds, None]
+    key = tuple(keys)
+    return [TableChunk(table, None, None, key, a, b) for a, b in itertools.pairwise(edges)]
+
+
+async def usable_key(conn: Any, table: SnapshotTable) -> list[tuple[str, str]] | None:
+    """``table``'s key (``(name, type)`` in key order) when it can be read in key order and
+    paged through (:func:`primary_key`, :func:`key_problem`) and every key column is published
+    (a row then carries its key); None otherwise."""
+    keys = [(str(name), str(kind)) for name, kind in await primary_key(conn, table.relation.oid)]
+    published = {c.name for c in table.relation.columns}
+    if not keys or any(name not in published for name, _ in keys):
+        return None
+    if not conn.is_in_transaction():
+        return None if await key_problem(conn, table, keys) is not None else keys
+    # a key that cannot be compared fails the statement, and with it the transaction
+    await conn.execute("SAVEPOINT cdcd_key")
+    problem = await key_problem(conn, table, keys)
+    await conn.execute("ROLLBACK TO SAVEPOINT cdcd_key; RELEASE SAVEPOINT cdcd_key")
+    return None if problem is not None else keys
 
 
 async def copy_chunk(
@@ -408,7 +474,7 @@ def chunk_sql(
     return sql + f" ORDER BY {cols}" + ("" if upto is not None else f" LIMIT {int(limit)}")
 
 
-def _key_literal(keys: list[tuple[str, str]], values: list[str]) -> str:
+def _key_literal(keys: list[tuple[str, str]], values: list[Any]) -> str:
     return ", ".join(f"{quote_literal(v)}::{t}" for v, (_, t) in zip(values, keys, strict=True))
 
 

@@ -1,18 +1,22 @@
 """Pure parts of the parallel initial snapshot: COPY text rows parsed into TupleData
-(cdcd.source.copy.copy_rows) and the read-ahead bound between the workers and the writer
-(cdcd.snapshot.initial._Chunks)."""
+(cdcd.source.copy.copy_rows), the read-ahead bound between the workers and the writer
+(cdcd.snapshot.initial._Chunks), key-range chunks, and the progress recorded for a resume
+(cdcd.snapshot.initial_progress)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
+from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
-from cdcd.snapshot.initial import _Chunks
+from cdcd.snapshot.initial import _Chunks, take_chunks
+from cdcd.snapshot.initial_progress import InitialProgress, key_indexes
 from cdcd.source.copy import copy_rows
-from cdcd.source.snapshot import SnapshotTable, TableChunk, chunk_query
+from cdcd.source.snapshot import SnapshotState, SnapshotTable, TableChunk, chunk_query
 
 
 def test_copy_rows_unescapes_and_reads_nulls() -> None:
@@ -109,3 +113,78 @@ async def test_rows_of_a_finished_chunk_fail_rather_than_vanish() -> None:
     await queue.finish(0)
     with pytest.raises(RuntimeError, match="chunk 0: rows read after it was finished"):
         await queue.put(0, _rows(1), 10)
+
+
+def test_chunk_query_key_ranges_in_key_order() -> None:
+    rel = Relation(None, 1, "public", "T", "d", (Column(1, "id", 23, -1), Column(0, "v", 25, -1)))
+    keys = (("id", "integer"), ("v", "text"))
+    table = SnapshotTable(rel, None)
+    assert chunk_query(TableChunk(table, None, None, keys)) == (
+        'SELECT "id", "v" FROM "public"."T" ORDER BY "id", "v"'
+    )
+    assert chunk_query(TableChunk(table, None, None, keys, ["1", "a'b"], ["9", "z"])) == (
+        'SELECT "id", "v" FROM "public"."T" WHERE ("id", "v") > (\'1\'::integer, '
+        "'a''b'::text) AND (\"id\", \"v\") <= ('9'::integer, 'z'::text) ORDER BY \"id\", \"v\""
+    )
+
+
+def test_one_reader_merges_the_rest_of_a_table_into_one_key_range() -> None:
+    rel = Relation(None, 1, "public", "t", "d", (Column(1, "id", 23, -1),))
+    table, other = SnapshotTable(rel, None), SnapshotTable(rel, "id > 0")
+    keys = (("id", "integer"),)
+    chunks = [
+        TableChunk(table, None, None, keys, None, ["10"]),
+        TableChunk(table, None, None, keys, ["10"], ["20"]),
+        TableChunk(table, None, None, keys, ["20"], None),
+        TableChunk(other, None, None, keys, None, None),
+    ]
+    assert take_chunks(chunks, 1, alone=False) == (chunks[1], 2)
+    merged, after = take_chunks(chunks, 1, alone=True)
+    assert after == 3 and (merged.after, merged.upto, merged.keys) == (["10"], None, keys)
+
+
+def _batch(*lines: bytes) -> CopyBatch:
+    return CopyBatch(b"\n".join(lines), len(lines), 3)
+
+
+def test_progress_records_the_last_key_handed_and_bounds_what_is_not_durable() -> None:
+    # public.a is read in key order (key: columns 2 then 0), public.k has no key
+    progress = InitialProgress(
+        {"public.a": key_indexes(["x", "v", "y"], [("y", "int"), ("x", "int")])}, 10
+    )
+    progress.hand("public.k", _batch(b"1\t2\t3", b"4\t5\t6"))
+    progress.finish("public.k")
+    assert not progress.due()
+    progress.hand("public.a", _batch(b"1\tv\t7", b"2\tw\\tx\t7"))
+    progress.hand("public.a", _batch(b"3\tv\t8"))
+    assert progress.due() and not progress.must_wait()  # 5 of every 10 rows
+    handed, entries = progress.take()
+    assert handed == 5
+    assert entries == {
+        "public.k": {"status": "done", "rows": 2},
+        "public.a": {"status": "running", "last_key": ["8", "3"], "rows": 3},
+    }
+    assert not progress.due()
+    progress.hand("public.a", _batch(*[b"%d\tv\t9" % i for i in range(4, 9)]))
+    assert progress.must_wait()  # 10 handed, none durable yet: the writer waits
+    progress.recorded(handed)
+    assert not progress.must_wait() and progress.due()
+    handed, entries = progress.take()
+    assert entries["public.a"] == {"status": "running", "last_key": ["9", "8"], "rows": 8}
+    progress.finish("public.a")
+    assert progress.take()[1]["public.a"] == {"status": "done", "rows": 8}
+
+
+def test_snapshot_state_records_progress(tmp_path: Path) -> None:
+    state = SnapshotState(tmp_path, "s")
+    assert state.recorded() is None
+    state.start(100)
+    assert state.running() and state.recorded() is None  # no progress: taken again
+    state.progress(100, {"public.a": {"status": "running", "last_key": ["5"], "rows": 5}})
+    assert state.running()
+    assert state.recorded() == (
+        100,
+        {"public.a": {"status": "running", "last_key": ["5"], "rows": 5}},
+    )
+    state.finish(100)
+    assert not state.running() and state.recorded() is None
