@@ -286,7 +286,7 @@ class Pipeline:
                 await self._drain(writing, writer)
             await acker.acknowledge(final=True)
             if self.incremental is not None:
-                self.incremental.record_durable()
+                self.incremental.record_durable(now=True)
             if self.recreator is not None:
                 self.recreator.record_durable()
             return EXIT_OK

@@ -16,7 +16,7 @@ sink holds it durably. The progress of each table (its last chunk's key) is writ
 :class:`~cdcd.snapshot.state.IncrementalState` only once that chunk and every chunk before it
 are durable in every sink (:class:`~cdcd.snapshot.state.Ledger`), so a restart (kill -9
 included) resumes at the next chunk; at worst the chunks in flight at the crash are emitted
-again.
+again, and those whose record was still being written.
 """
 
 from __future__ import annotations
@@ -135,10 +135,11 @@ class IncrementalSnapshot:
         self.watermarks.abandon()
         self.request(tables)
 
-    def record_durable(self) -> None:
-        """Write the progress of the chunks every sink now holds durably (also called by the
-        pipeline once it has drained, so that an orderly stop re-reads nothing)."""
-        self.ledger.record(self.tracker.durable_lsn())
+    def record_durable(self, now: bool = False) -> None:
+        """Record the progress of the chunks every sink now holds durably (written in a
+        thread: :class:`~cdcd.snapshot.state.Ledger`; ``now``: before returning, as the
+        pipeline asks once it has drained, so that an orderly stop re-reads nothing)."""
+        self.ledger.record(self.tracker.durable_lsn(), now=now)
 
     async def run(self) -> None:
         cfg = self.config.snapshot

@@ -4,13 +4,17 @@
 requested, the key of its last durable chunk, the rows emitted and the estimate. A chunk's key
 is written there only once that chunk and every chunk of its table before it are durable in
 every sink (:class:`Ledger`), so a restart (kill -9 included) resumes at the next chunk; at
-worst the chunks in flight at the crash are emitted again.
+worst the chunks in flight at the crash are emitted again, and those whose record was still
+being written. The ledger's writes go to a thread (:meth:`IncrementalState.save_soon`): the
+event loop never waits for their fsyncs, and writes asked for meanwhile make one write of the
+newest state once it ends.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,39 +41,91 @@ class IncrementalState:
             self.known = data.get("known")
             self.signals = list(data.get("signals") or [])
 
-    def save(self) -> None:
-        try:
-            self._save()
-        except OSError as exc:
-            raise ConfigError(
-                f"snapshot.state_dir {self.path.parent}: cannot record the incremental "
-                f"snapshot's progress: {exc.strerror or exc} (make it writable)"
-            ) from exc
+        self._made = 0  # the newest content made (a generation number) ...
+        self._written = 0  # ... and the newest written
+        self._file_lock = threading.Lock()  # one write at a time
+        self._guard = threading.Lock()  # _waiting and _writer
+        self._waiting: tuple[int, str] | None = None  # the content the thread writes next
+        self._writer: threading.Thread | None = None
+        self._failure: OSError | None = None  # of a write in the thread, raised by the next save
 
-    def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name("." + self.path.name + ".tmp")
-        with tmp.open("w") as fh:
-            fh.write(
-                json.dumps(
-                    {
-                        "tables": self.tables,
-                        "last_signal": self.last_signal,
-                        "known": self.known,
-                        "signals": self.signals,
-                    },
-                    indent=1,
-                )
-            )
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
+    @property
+    def unwritten(self) -> bool:
+        """Whether content made was not written yet (a write in the thread)."""
+        return self._made > self._written
+
+    def save(self) -> None:
+        """Write the state now (after a write in the thread, if one is under way)."""
+        self._check()
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.exists = True
+            self._write(*self._dump())
+        except OSError as exc:
+            raise self._error(exc) from exc
+
+    def save_soon(self) -> None:
+        """Write the state in a thread: the caller does not wait for the fsyncs. Asked again
+        while a write is under way, the thread writes the newest state once it ends."""
+        self._check()
+        content = self._dump()
+        with self._guard:
+            self._waiting = content
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_waiting, name="cdcd-snapshot-state", daemon=True
+                )
+                self._writer.start()
+
+    def _write_waiting(self) -> None:
+        while True:
+            with self._guard:
+                content, self._waiting = self._waiting, None
+                if content is None:
+                    self._writer = None
+                    return
+            try:
+                self._write(*content)
+            except OSError as exc:
+                self._failure = exc
+
+    def _check(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise self._error(failure) from failure
+
+    def _error(self, exc: OSError) -> ConfigError:
+        return ConfigError(
+            f"snapshot.state_dir {self.path.parent}: cannot record the incremental "
+            f"snapshot's progress: {exc.strerror or exc} (make it writable)"
+        )
+
+    def _dump(self) -> tuple[int, str]:
+        self._made += 1
+        content = {
+            "tables": self.tables,
+            "last_signal": self.last_signal,
+            "known": self.known,
+            "signals": self.signals,
+        }
+        return self._made, json.dumps(content, indent=1)
+
+    def _write(self, made: int, content: str) -> None:
+        with self._file_lock:
+            if made <= self._written:  # a newer state was written meanwhile
+                return
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name("." + self.path.name + ".tmp")
+            with tmp.open("w") as fh:
+                fh.write(content)
+                fh.flush()
+                os.fsync(fh.fileno())
+            tmp.replace(self.path)
+            fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._written = made
+            self.exists = True
 
     def request(self, tables: list[str]) -> None:
         """Snapshot ``tables`` (again) from their first key."""
@@ -127,13 +183,17 @@ class Ledger:
         """Chunks queued or being read, not recorded yet, of every table."""
         return sum(len(chunks) for chunks in self.undurable.values())
 
-    def record(self, durable: int) -> None:
-        """Write the progress of the chunks every sink holds durably (up to ``durable``)."""
+    def record(self, durable: int, *, now: bool = False) -> None:
+        """Write the progress of the chunks every sink holds durably (up to ``durable``), in a
+        thread (:meth:`IncrementalState.save_soon`); ``now``: before returning, with whatever
+        the thread had not written yet (an orderly stop)."""
         recorded = False
         for chunks in self.undurable.values():
             recorded |= self._record(chunks, durable)
-        if recorded:
+        if now and (recorded or self.state.unwritten):
             self.state.save()
+        elif recorded:
+            self.state.save_soon()
 
     def _record(self, chunks: list[Done], durable: int) -> bool:
         """Record the leading ``chunks`` (one table's) durable at ``durable``."""

@@ -213,9 +213,11 @@ class _TableReader:
         try:
             while snap.state.tables.get(name) is entry and not (ended and not inflight):
                 snap.record_durable()
-                # bounded: what a crash makes emit again (chunks not recorded yet) stays small
-                if ledger.in_flight() >= cfg.chunks_in_flight:
-                    snap.flush()  # rather than wait for the sinks' flush_interval
+                # bounded: what a crash makes emit again (chunks not recorded yet) stays small;
+                # at the bound, or with no chunk left to read, the sinks are asked to flush
+                # rather than left to wait for their flush_interval
+                if ended or ledger.in_flight() >= cfg.chunks_in_flight:
+                    snap.flush()
                 if tail is not None and tail.keyed:  # its rows are read: the next start
                     lo, ended, tail = tail.last_key, tail.finished, None
                 if (
@@ -331,7 +333,8 @@ class _TableReader:
                 del undurable[unread:]
         try:
             while undurable:
-                await asyncio.sleep(0.1)
+                snap.flush()  # the last chunks: recorded (the table done) without waiting
+                await asyncio.sleep(0.02)
                 snap.record_durable()
         finally:  # also when cdcd stops meanwhile: the state may say done already
             del ledger.undurable[name]

@@ -3,7 +3,9 @@ requests, signals taken once, progress reloaded after a restart."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,7 +13,7 @@ from cdcd.config import load_config
 from cdcd.errors import ConfigError
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.snapshot.incremental import IncrementalSnapshot
-from cdcd.snapshot.state import IncrementalState
+from cdcd.snapshot.state import Done, IncrementalState, Ledger
 from cdcd.stats import Stats
 from tests.e2e import write_config
 
@@ -76,3 +78,41 @@ def test_tables_read_at_once_share_the_workers(
     snap.workers.reading[:] = reading
     assert [snap.workers.share(name) for name in reading] == shares
     assert sum(shares) == workers
+
+
+def _until(predicate: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_progress_is_written_in_a_thread_and_at_once_when_asked(tmp_path: Path) -> None:
+    """Durable chunks are recorded at once and written to the state file by a thread (the
+    event loop does not wait for the fsyncs); an orderly stop writes before returning; a
+    write that failed in the thread is reported by the next one."""
+    state = IncrementalState(tmp_path / "state", "slot")
+    state.request(["public.t"])
+    state.tables["public.t"]["status"] = "running"
+    ledger = Ledger(state, Stats())
+    chunks = ledger.undurable["public.t"] = []
+
+    def written() -> Any:
+        return IncrementalState(tmp_path / "state", "slot").tables["public.t"]["last_key"]
+
+    for n in (1, 2, 3):
+        chunks.append(Done("public.t", 10 * n, [str(n)], 100 * n, False))
+    ledger.record(20)
+    assert state.tables["public.t"]["last_key"] == ["2"]
+    _until(lambda: written() == ["2"])
+    ledger.record(30, now=True)  # an orderly stop
+    assert written() == ["3"]
+    assert not state.unwritten
+
+    (tmp_path / "state" / ".slot.incremental.json.tmp").mkdir()  # the next write fails
+    chunks.append(Done("public.t", 40, ["4"], 400, True))
+    ledger.record(40)
+    _until(lambda: state._writer is None)
+    assert written() == ["3"] and state.unwritten
+    with pytest.raises(ConfigError, match=r"snapshot.state_dir .*state"):
+        state.save_soon()
