@@ -878,6 +878,35 @@ static char unescaped(char c) {
     }
 }
 
+/* The field from `p` to `stop` into `f`: as it is, null (\N), or unescaped into `*scratch`
+ * (which moves past it). Whether it had a backslash. */
+static int field_at(Field *f, const char *p, const char *stop, char **scratch) {
+    Py_ssize_t n = stop - p;
+    f->null = 0;
+    if (memchr(p, '\\', (size_t)n) == NULL) {
+        f->s = p;
+        f->n = n;
+        return 0;
+    }
+    if (n == 2 && p[0] == '\\' && p[1] == 'N') {
+        f->null = 1;
+        f->s = p;
+        f->n = 0;
+        return 1;
+    }
+    char *out = *scratch;
+    for (const char *q = p; q < stop; q++) {
+        if (*q == '\\' && q + 1 < stop)
+            *out++ = unescaped(*++q);
+        else
+            *out++ = *q;
+    }
+    f->s = *scratch;
+    f->n = out - *scratch;
+    *scratch = out;
+    return 1;
+}
+
 /* Split a line into `width` fields (0: another number of fields), unescaping into `scratch`
  * (at least `len` bytes: an unescaped field is never longer). */
 static int split_line(const char *line, Py_ssize_t len, Py_ssize_t width, Field *fields,
@@ -889,28 +918,7 @@ static int split_line(const char *line, Py_ssize_t len, Py_ssize_t width, Field 
         const char *stop = tab == NULL ? end : tab;
         if (count == width)
             return 0;
-        Field *f = &fields[count++];
-        Py_ssize_t n = stop - p;
-        f->null = 0;
-        if (memchr(p, '\\', (size_t)n) == NULL) {
-            f->s = p;
-            f->n = n;
-        } else if (n == 2 && p[0] == '\\' && p[1] == 'N') {
-            f->null = 1;
-            f->s = p;
-            f->n = 0;
-        } else {
-            char *out = scratch;
-            for (const char *q = p; q < stop; q++) {
-                if (*q == '\\' && q + 1 < stop)
-                    *out++ = unescaped(*++q);
-                else
-                    *out++ = *q;
-            }
-            f->s = scratch;
-            f->n = out - scratch;
-            scratch = out;
-        }
+        field_at(&fields[count++], p, stop, &scratch);
         if (tab == NULL)
             break;
         p = tab + 1;
@@ -1029,6 +1037,226 @@ fail:
     return NULL;
 }
 
+/* ---- copy_kept: the rows of a COPY batch whose key a watermark window did not see change ---- */
+
+/* A filter of the changed keys' hashes, so that a line whose key is not among them is kept
+ * without making its key as Python objects; a hit is checked against the set itself. */
+#define KEPT_BITS_MIN 64
+#define FNV_BASIS 14695981039346656037ULL
+#define FNV_PRIME 1099511628211ULL
+
+static uint64_t kept_hash_add(uint64_t h, const char *s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h ^= (unsigned char)s[i];
+        h *= FNV_PRIME;
+    }
+    h ^= (uint64_t)n; /* the field's end: ("ab", "c") and ("a", "bc") differ */
+    return h * FNV_PRIME;
+}
+
+typedef struct {
+    unsigned char *bits;
+    uint64_t mask;
+    int all; /* a key the filter cannot hold: every line is looked up */
+} KeptFilter;
+
+static int kept_filter(KeptFilter *f, PyObject *changed, Py_ssize_t nkey) {
+    Py_ssize_t n = PySet_GET_SIZE(changed);
+    uint64_t size = KEPT_BITS_MIN;
+    while (size < (uint64_t)n * 8)
+        size <<= 1;
+    f->mask = size - 1;
+    f->all = 0;
+    f->bits = PyMem_Calloc((size_t)(size / 8), 1);
+    if (f->bits == NULL)
+        return -1;
+    PyObject *it = PyObject_GetIter(changed), *key;
+    if (it == NULL)
+        return -1;
+    while ((key = PyIter_Next(it)) != NULL) {
+        if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) != nkey) {
+            f->all = 1; /* no line's key is such a thing, but the set decides */
+        } else {
+            uint64_t h = FNV_BASIS;
+            int usable = 1;
+            for (Py_ssize_t k = 0; k < nkey; k++) {
+                PyObject *v = PyTuple_GET_ITEM(key, k);
+                if (v == Py_None) {
+                    usable = 0; /* a line with a null key field has no key: never matches */
+                    break;
+                }
+                if (!PyBytes_CheckExact(v)) {
+                    f->all = 1;
+                    usable = 0;
+                    break;
+                }
+                h = kept_hash_add(h, PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v));
+            }
+            if (usable)
+                f->bits[(h & f->mask) >> 3] |= (unsigned char)(1u << (h & 7));
+        }
+        Py_DECREF(key);
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+PyDoc_STRVAR(copy_kept_doc,
+"copy_kept(text, width, positions, changed) -> tuple[bytes, int] | None\n\n"
+"The lines of ``text`` (COPY text output of rows of ``width`` columns, separated by\n"
+"newlines) whose key, the fields at ``positions`` unescaped as copy_rows does, the set\n"
+"``changed`` does not hold (a key with a null field is never held), joined by newlines\n"
+"(``text`` itself when every line is kept), and how many. None when a line has too few\n"
+"fields, or another number than ``width`` with a backslash in its key: the pure-Python\n"
+"twin cdcd.snapshot.watermarks.kept_lines then says why. The same result as that twin.");
+
+static PyObject *copy_kept(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "copy_kept: text, width, positions, changed");
+        return NULL;
+    }
+    PyObject *text = args[0], *positions = args[2], *changed = args[3];
+    Py_ssize_t width = PyLong_AsSsize_t(args[1]);
+    if (width == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyBytes_Check(text) || !PyTuple_Check(positions) || !PyAnySet_Check(changed)) {
+        PyErr_SetString(PyExc_TypeError, "copy_kept: bytes, int, tuple, set");
+        return NULL;
+    }
+    Py_ssize_t nkey = PyTuple_GET_SIZE(positions), need = 0;
+    if (nkey == 0 || nkey > 64) {
+        PyErr_SetString(PyExc_ValueError, "copy_kept: 1 to 64 key positions");
+        return NULL;
+    }
+    Py_ssize_t pos[64];
+    for (Py_ssize_t k = 0; k < nkey; k++) {
+        pos[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(positions, k));
+        if (pos[k] == -1 && PyErr_Occurred())
+            return NULL;
+        if (pos[k] < 0) {
+            PyErr_SetString(PyExc_ValueError, "copy_kept: a negative key position");
+            return NULL;
+        }
+        if (pos[k] + 1 > need)
+            need = pos[k] + 1;
+    }
+    const char *start = PyBytes_AS_STRING(text), *p = start;
+    Py_ssize_t size = PyBytes_GET_SIZE(text);
+    const char *end = p + size;
+    KeptFilter filter = {NULL, 0, 0};
+    Field *fields = PyMem_Malloc(sizeof(Field) * (size_t)need);
+    char *escapes = PyMem_Malloc((size_t)need); /* whether each field had a backslash */
+    char *scratch = PyMem_Malloc((size_t)size + 1); /* unescaped fields: never longer */
+    PyObject *out = NULL, *result = NULL;
+    char *w = NULL;
+    Py_ssize_t kept = 0;
+    if (fields == NULL || escapes == NULL || scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (kept_filter(&filter, changed, nkey) < 0)
+        goto done;
+    for (;;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *stop = nl == NULL ? end : nl;
+        /* the first `need` fields */
+        const char *q = p;
+        char *sc = scratch;
+        for (Py_ssize_t j = 0; j < need; j++) {
+            if (j > 0) {
+                if (q >= stop) { /* too few fields */
+                    result = Py_None;
+                    Py_INCREF(result);
+                    goto done;
+                }
+                q++; /* the tab */
+            }
+            const char *tab = memchr(q, '\t', (size_t)(stop - q));
+            const char *fend = tab == NULL ? stop : tab;
+            escapes[j] = (char)field_at(&fields[j], q, fend, &sc);
+            q = fend;
+        }
+        int drop = 0, null = 0, escaped = 0;
+        for (Py_ssize_t k = 0; k < nkey; k++) {
+            null |= fields[pos[k]].null;
+            /* a backslash in the key (\N too): the twin parses the row whole (copy_rows),
+             * which checks its width */
+            escaped |= escapes[pos[k]];
+        }
+        if (escaped) {
+            Py_ssize_t count = 1;
+            for (const char *c = p; (c = memchr(c, '\t', (size_t)(stop - c))) != NULL; c++)
+                count++;
+            if (count != width) {
+                result = Py_None;
+                Py_INCREF(result);
+                goto done;
+            }
+        }
+        if (!null) {
+            uint64_t h = FNV_BASIS;
+            for (Py_ssize_t k = 0; k < nkey; k++)
+                h = kept_hash_add(h, fields[pos[k]].s, fields[pos[k]].n);
+            if (filter.all || (filter.bits[(h & filter.mask) >> 3] >> (h & 7)) & 1) {
+                PyObject *key = PyTuple_New(nkey);
+                if (key == NULL)
+                    goto done;
+                for (Py_ssize_t k = 0; k < nkey; k++) {
+                    PyObject *v = PyBytes_FromStringAndSize(fields[pos[k]].s, fields[pos[k]].n);
+                    if (v == NULL) {
+                        Py_DECREF(key);
+                        goto done;
+                    }
+                    PyTuple_SET_ITEM(key, k, v);
+                }
+                int found = PySet_Contains(changed, key);
+                Py_DECREF(key);
+                if (found < 0)
+                    goto done;
+                drop = found;
+            }
+        }
+        if (drop) {
+            if (out == NULL) { /* the first dropped line: the lines before it, as they are */
+                out = PyBytes_FromStringAndSize(NULL, size);
+                if (out == NULL)
+                    goto done;
+                w = PyBytes_AS_STRING(out);
+                if (p > start) {
+                    memcpy(w, start, (size_t)(p - start - 1));
+                    w += p - start - 1;
+                }
+            }
+        } else {
+            if (out != NULL) {
+                if (kept > 0)
+                    *w++ = '\n';
+                memcpy(w, p, (size_t)(stop - p));
+                w += stop - p;
+            }
+            kept++;
+        }
+        if (nl == NULL)
+            break;
+        p = nl + 1;
+    }
+    if (out == NULL) {
+        result = Py_BuildValue("(On)", text, kept);
+    } else {
+        if (_PyBytes_Resize(&out, w - PyBytes_AS_STRING(out)) < 0)
+            goto done; /* out is freed */
+        result = Py_BuildValue("(On)", out, kept);
+    }
+done:
+    Py_XDECREF(out);
+    PyMem_Free(filter.bits);
+    PyMem_Free(escapes);
+    PyMem_Free(fields);
+    PyMem_Free(scratch);
+    return result;
+}
+
 PyDoc_STRVAR(count_newlines_doc,
 "count_newlines(data) -> int\n\n"
 "data.count(b'\\n') for bytes or a bytearray, in a loop the compiler vectorises (about four\n"
@@ -1066,6 +1294,7 @@ static PyMethodDef methods[] = {
      snapshot_lines_doc},
     {"copy_snapshot_lines", (PyCFunction)(void (*)(void))copy_snapshot_lines, METH_FASTCALL,
      copy_snapshot_lines_doc},
+    {"copy_kept", (PyCFunction)(void (*)(void))copy_kept, METH_FASTCALL, copy_kept_doc},
     {NULL, NULL, 0, NULL},
 };
 

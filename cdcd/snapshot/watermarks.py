@@ -33,9 +33,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
+from cdcd._purepy import c_module
 from cdcd.assembler.transaction import ChangeRecord, Transaction
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.copy_text import copy_rows
@@ -56,6 +58,10 @@ SIGNAL = "cdcd-signal"
 PREFIXES = (WATERMARK, SIGNAL)
 
 Key = tuple[bytes | None, ...]
+#: cdcd._rowjson.copy_kept, the compiled :func:`kept_lines` (None where not in use)
+_C_COPY_KEPT: Final[Callable[..., tuple[bytes, int] | None] | None] = getattr(
+    c_module("cdcd._rowjson"), "copy_kept", None
+)
 #: a chunk's read snapshot: xmin, xmax and the transactions in progress (32-bit xids)
 Snapshot = tuple[int, int, frozenset[int]]
 
@@ -266,27 +272,48 @@ def snapshot_transaction(
 
 def _kept(chunk: Chunk, batch: Sequence[TupleData], changed: set[Key]) -> Sequence[TupleData]:
     """The rows of ``batch`` whose keys ``changed`` does not hold. Rows still in COPY's text
-    stay so: only their key columns are looked at (a field with a backslash, COPY's escape,
-    is parsed to compare its value)."""
+    stay so: only their key columns are looked at (:func:`kept_lines`, in C where compiled)."""
     rel = chunk.relation
     if not isinstance(batch, CopyBatch) or batch.parsed:
         return [r for r in batch if chunk.key_of(rel, r) not in changed]
     positions = chunk.key_positions(rel)
     if positions is None:  # no key to compare (as key_of says for each row): all kept
         return batch
-    width = max(positions) + 1
+    where = tuple(positions)
+    found = None if _C_COPY_KEPT is None else _C_COPY_KEPT(batch.text, batch.width, where, changed)
+    text, count = kept_lines(batch.text, batch.width, where, changed) if found is None else found
+    if text is batch.text:
+        return batch
+    return CopyBatch(text, count, batch.width) if count else []
+
+
+def kept_lines(
+    text: bytes, width: int, positions: tuple[int, ...], changed: AbstractSet[Key]
+) -> tuple[bytes, int]:
+    """The lines of ``text`` (COPY's text of rows of ``width`` columns, separated by newlines)
+    whose key, the fields at ``positions``, ``changed`` does not hold, joined by newlines
+    (``text`` itself when all are kept), and how many. A key field with a backslash, COPY's
+    escape, is parsed to compare its value; a key with a null field is no key, never held.
+    The reference for ``cdcd._rowjson.copy_kept`` (tests/unit/test_watermarks.py)."""
+    need = max(positions) + 1
+    lines = text.split(b"\n")
     kept: list[bytes] = []
-    for line in batch.text.split(b"\n"):
-        fields = line.split(b"\t", width)
+    for line in lines:
+        fields = line.split(b"\t", need)
+        if len(fields) < need:
+            raise ValueError(f"COPY row with {len(fields)} fields, expected {width}")
         values = [fields[i] for i in positions]
         key: Key | None = tuple(values)
         if any(b"\\" in value for value in values):
-            key = chunk.key_of(rel, copy_rows([line], batch.width)[0])
+            row = copy_rows([line], width)[0].values
+            key = (
+                None if any(row[i] is None for i in positions) else tuple(row[i] for i in positions)
+            )
         if key not in changed:
             kept.append(line)
-    if len(kept) == len(batch):
-        return batch
-    return CopyBatch(b"\n".join(kept), len(kept), batch.width) if kept else []
+    if len(kept) == len(lines):
+        return text, len(kept)
+    return b"\n".join(kept), len(kept)
 
 
 def _changes(chunk: Chunk, txn: Transaction) -> tuple[set[Key], bool]:

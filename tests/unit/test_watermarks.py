@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -26,11 +27,13 @@ from cdcd.decoder.events import (
     Update,
 )
 from cdcd.snapshot.watermarks import (
+    _C_COPY_KEPT,
     SIGNAL,
     WATERMARK,
     Chunk,
     Watermarks,
     _kept,
+    kept_lines,
     marker,
     parse_snapshot,
     visible,
@@ -271,3 +274,55 @@ def test_copy_text_is_filtered_as_its_parsed_rows(keys: list[str], picks: list[i
     assert [r.values[1].decode() for r in by_text] == [  # type: ignore[union-attr]
         k for k in keys if (k.encode(),) not in changed
     ]
+
+
+needs_c = pytest.mark.skipif(_C_COPY_KEPT is None, reason="cdcd._rowjson is not in use")
+_FIELD = st.one_of(st.just("\\N"), st.text("ab\\\t\n1", max_size=3))
+
+
+def _copy_text(rows: list[list[str]]) -> bytes:
+    escape = {"\\": "\\\\", "\t": "\\t", "\n": "\\n"}
+    return "\n".join(
+        "\t".join(f if f == "\\N" else "".join(escape.get(c, c) for c in f) for f in r)
+        for r in rows
+    ).encode()
+
+
+@needs_c
+@given(
+    rows=st.lists(st.lists(_FIELD, min_size=3, max_size=3), min_size=1, max_size=10),
+    positions=st.sampled_from([(0,), (2,), (1, 0), (0, 2), (2, 1, 0)]),
+    picks=st.lists(st.integers(0, 9), max_size=5),
+    extra=st.lists(st.tuples(st.sampled_from([b"a", b"1", b"a\tb"])), max_size=2),
+    mangle=st.sampled_from(["", "short", "long", "raw"]),
+)
+def test_the_compiled_key_check_keeps_what_its_twin_keeps(
+    rows: list[list[str]],
+    positions: tuple[int, ...],
+    picks: list[int],
+    extra: list[tuple[bytes]],
+    mangle: str,
+) -> None:
+    """cdcd._rowjson.copy_kept against kept_lines, its pure-Python twin: the same lines kept
+    (escapes, null keys, several key columns in any order), the same text object when all are
+    kept, and where a line has fewer fields the twin's error."""
+    text = _copy_text(rows)
+    if mangle == "short":  # a line with too few fields
+        text += b"\nonly"
+    elif mangle == "long":  # an extra field, and a backslash in the key
+        text += b"\na\\\\\tb\tc\td"
+    elif mangle == "raw":  # a trailing backslash, an unknown escape
+        text += b"\nx\\\ty\\q\tz"
+    parsed = copy_rows(text.split(b"\n")[: len(rows)], 3)
+    changed: set[Any] = set(extra)
+    for i in picks:
+        if i < len(parsed) and all(parsed[i].values[p] is not None for p in positions):
+            changed.add(tuple(parsed[i].values[p] for p in positions))
+    try:
+        expected = kept_lines(text, 3, positions, changed)
+    except ValueError:
+        assert _C_COPY_KEPT(text, 3, positions, changed) is None
+        return
+    got = _C_COPY_KEPT(text, 3, positions, changed)
+    assert got == expected
+    assert (got[0] is text) == (expected[0] is text)
