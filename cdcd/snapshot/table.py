@@ -210,6 +210,24 @@ class _TableReader:
         memory = int(snap.config.buffer.memory_limit) // (2 * cfg.chunks_in_flight)
         sizer = ChunkSizer(_FIRST_CHUNK_ROWS, cfg.chunk_rows, memory)
         keyed = asyncio.Event()  # a chunk without an upper key has read its rows
+
+        def outcome() -> None:
+            """Say how the table's reading ended: done once its last chunk is recorded (which
+            the sinks' durable listener may do while cdcd is stopping), else not yet."""
+            if entry["status"] == "done":
+                progress.status = "done"
+                log.info(
+                    "incremental snapshot of table done",
+                    dropped=progress.dropped,
+                    chunks=progress.chunks,
+                    table=name,
+                    rows=rows_done,
+                    bytes=progress.bytes,
+                    seconds=round(time.monotonic() - started, 3),
+                )
+            else:  # removed, started over, or stopped before its last chunk was durable
+                progress.status = entry["status"] if entry["status"] != "running" else "pending"
+
         try:
             while snap.state.tables.get(name) is entry and not (ended and not inflight):
                 snap.record_durable()
@@ -323,6 +341,7 @@ class _TableReader:
         except BaseException:
             for task in inflight:  # a worker failed, or cdcd stops
                 task.cancel()
+            outcome()
             raise
         finally:
             if inflight:  # the table was requested again: let its chunks finish
@@ -338,19 +357,7 @@ class _TableReader:
                 snap.record_durable()
         finally:  # also when cdcd stops meanwhile: the state may say done already
             del ledger.undurable[name]
-            if entry["status"] == "done":
-                progress.status = "done"
-                log.info(
-                    "incremental snapshot of table done",
-                    dropped=progress.dropped,
-                    chunks=progress.chunks,
-                    table=name,
-                    rows=rows_done,
-                    bytes=progress.bytes,
-                    seconds=round(time.monotonic() - started, 3),
-                )
-            else:  # removed, started over, or stopped before its last chunk was durable
-                progress.status = entry["status"] if entry["status"] != "running" else "pending"
+            outcome()
 
     async def _chunk(
         self, what: _ChunkRead, done: Done, slot: Slot, keyed: asyncio.Event, sizer: ChunkSizer
