@@ -4,7 +4,7 @@ Usage::
 
     python bench/pipeline_micro.py capture FILE --rows 100000     # once (needs PostgreSQL)
     python bench/kafka_micro.py FILE [--compression zstd] [--partitions 1] [--profile OUT]
-                                     [--runs] [--flush-every SECONDS]
+                                     [--runs] [--flush-every SECONDS] [--exactly-once]
 
 The captured pgoutput stream (see ``bench/pipeline_micro.py``) is decoded and assembled first,
 outside the measurement; then its events are built and handed to a :class:`KafkaSink` writing
@@ -26,6 +26,7 @@ import asyncio
 import atexit
 import cProfile
 import os
+import resource
 import shutil
 import struct
 import sys
@@ -116,6 +117,7 @@ async def drain(
             flushed = time.perf_counter()
             flushing += flushed - f0
 
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.process_time()
     w0 = time.perf_counter()
     for txn in txns:
@@ -138,9 +140,10 @@ async def drain(
     await sink.flush()
     cpu = time.process_time() - t0
     wall = time.perf_counter() - w0
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
     assert sink.durable_lsn() == txns[-1].end_lsn
     await sink.close()
-    return events, cpu, wall, flushing
+    return events, cpu, wall, flushing, faults
 
 
 def main() -> None:
@@ -151,6 +154,7 @@ def main() -> None:
     parser.add_argument(
         "--encode-only", action="store_true", help="only build events and their key/value JSON"
     )
+    parser.add_argument("--exactly-once", action="store_true", help="the sink's exactly_once mode")
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the drain here")
     parser.add_argument(
         "--runs", action="store_true", help="runs of small transactions, as the daemon's writer"
@@ -162,6 +166,9 @@ def main() -> None:
     import gc
 
     gc.set_threshold(50_000, 20, 100)  # as cdcd.runtime.tune_gc
+    from cdcd.runtime import return_large_blocks
+
+    return_large_blocks()  # as cdcd run: large blocks mapped on their own
     if os.environ.get("KMICRO_NOGC"):
         gc.disable()
     from bench.run import broker_cpu_seconds, kafka_broker
@@ -171,13 +178,17 @@ def main() -> None:
         events, cpu, wall = encode_only(txns)
         print(f"{events} events, cpu {cpu / events * 1e6:.2f} us/row (encode only)")
         return
-    options = {"compression": args.compression, "partitions": args.partitions}
+    options = {
+        "compression": args.compression,
+        "partitions": args.partitions,
+        "exactly_once": args.exactly_once,
+    }
     with kafka_broker() as broker:
         profiler = cProfile.Profile() if args.profile else None
         if profiler is not None:
             profiler.enable()
         b0 = broker_cpu_seconds(broker)
-        events, cpu, wall, flushing = asyncio.run(
+        events, cpu, wall, flushing, faults = asyncio.run(
             drain(broker.bootstrap, txns, options, args.runs, args.flush_every)
         )
         broker_cpu = broker_cpu_seconds(broker) - b0
@@ -187,7 +198,8 @@ def main() -> None:
     print(
         f"{events} events, cpu {cpu:.2f}s ({cpu / events * 1e6:.2f} us/row, "
         f"{events / cpu:,.0f} rows/s), wall {wall:.2f}s ({events / wall:,.0f} rows/s), "
-        f"{options}; broker cpu {broker_cpu:.2f}s; waiting in flushes {flushing:.2f}s"
+        f"{options}; broker cpu {broker_cpu:.2f}s; waiting in flushes {flushing:.2f}s; "
+        f"{faults / events * 1000:.0f} minor page faults per 1,000 rows"
     )
 
 

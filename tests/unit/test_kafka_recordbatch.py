@@ -89,6 +89,26 @@ def test_aiokafka_reads_every_record_back(codec: str, writer: str) -> None:
     assert batch.max_timestamp == max(r[0] for r in RECORDS)
 
 
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_a_released_buffer_builds_the_same_batch_again(codec: str, writer: str) -> None:
+    """A batch writing into the buffer an acknowledged one gave up (larger, full of its old
+    records) builds the bytes a fresh one does, and a build leaves its records buildable."""
+    old = new_batch(1 << 20, writer)
+    while old.append(5, b"old", b"o" * 5000, b"", 1, b"", 1):
+        pass
+    old.build(CODECS[codec], 1, 0, 0)
+    reused = RecordBatch(1 << 20, old.release())
+    reused.write_record = old.write_record
+    assert old.buffer == bytearray()
+    for ts, key, value, head, seq, tail in RECORDS:
+        count = len(head) + len(tail) + (seq >= 0)
+        assert reused.append(ts, key, value, encode_headers(head), seq, encode_headers(tail), count)
+    built = reused.build(CODECS[codec], 4242, 3, 17)
+    assert built == _ours(CODECS[codec], (4242, 3, 17), writer)
+    assert reused.build(CODECS[codec], 4242, 3, 17) == built  # a replay builds it again
+
+
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_a_transactional_batch_is_aiokafkas_transactional_batch(codec: str) -> None:
     """In a Kafka transaction (exactly_once) a batch carries the transactional bit, as

@@ -37,6 +37,8 @@ from cdcd.sinks.kafka.recordbatch import (
 )
 
 RECORD_OVERHEAD: Final = 64  # what a record counts for buffer_bytes beyond its key and value
+#: buffers of acknowledged batches kept for the next full batches (Batches.recycle)
+SPARE_BUFFERS: Final = 4
 
 _OP_HEADERS: Final = {op: encode_headers([("cdcd.op", op.encode())]) for op in "crudtm"}
 _LSN_NAME: Final = header_name("cdcd.commit_lsn")
@@ -57,12 +59,21 @@ class Batch:
     is set once the batch is handed to the producer (``send_batch``) and resolves when the
     broker acknowledged all of it."""
 
-    def __init__(self, topic: str, partition: int, max_size: int, where: Where) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        max_size: int,
+        where: Where,
+        buffer: bytearray | None = None,
+    ) -> None:
         self.topic = topic
         self.partition = partition
-        self.records = RecordBatch(max_size)
+        self.records = RecordBatch(max_size, buffer)
         self.where = where  # of the first record
-        self.size = 0  # what its records count for buffer_bytes
+        # what it counts for buffer_bytes: its records, and a third of a reused buffer
+        # (buffered_bytes reports three times the count)
+        self.size = 0 if buffer is None else len(buffer) // 3
         self.future: asyncio.Future[Any] | None = None
         self.error: SinkError | None = None  # handing it to the producer failed definitely
 
@@ -103,6 +114,7 @@ class Batches:
         self.open: dict[tuple[str, int], Batch] = {}  # batches still taking records
         self.open_since = 0.0  # loop time the oldest open batch was started
         self.ready: deque[Batch] = deque()  # closed batches, to hand over in this order
+        self.spare: list[bytearray] = []  # buffers of acknowledged batches (recycle)
         self.wake = asyncio.Event()  # work for the submitter
         self.missing_topic: str | None = None  # add_events stopped to have this one prepared
         self.txn_counts: dict[str, int] = {}  # events per "schema.table" in this transaction
@@ -201,14 +213,28 @@ class Batches:
             del self.open[tp]  # full: hand it over, start the next one
             self.ready.append(batch)
             self.wake.set()
-            batch = self._new_batch(topic, partition, where_of(source, suffix))
+            spare = self.spare
+            buffer = spare.pop() if spare else None
+            batch = self._new_batch(topic, partition, where_of(source, suffix), buffer)
+            self.window_bytes += batch.size
             batch.records.append(ts, key, value, head, seq, tail, header_count)
         batch.size += size
         self.window_records += 1
         self.window_bytes += size
 
-    def _new_batch(self, topic: str, partition: int, where: Where) -> Batch:
-        batch = Batch(topic, partition, self.max_batch_size, where)
+    def recycle(self, batch: Batch) -> None:
+        """The broker has ``batch``: keep its buffer for the next batch that follows a full
+        one (up to SPARE_BUFFERS). A large buffer is mapped on its own (cdcd.runtime), and
+        each of a fresh one's pages costs a page fault as it is first written: a stream of
+        full batches writes into the same few buffers instead."""
+        buffer = batch.records.release()
+        if len(self.spare) < SPARE_BUFFERS and len(buffer) >= self.max_batch_size // 2:
+            self.spare.append(buffer)
+
+    def _new_batch(
+        self, topic: str, partition: int, where: Where, buffer: bytearray | None = None
+    ) -> Batch:
+        batch = Batch(topic, partition, self.max_batch_size, where, buffer)
         if not self.open:
             self.open_since = asyncio.get_running_loop().time()
             self.wake.set()

@@ -34,7 +34,8 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode, zstd_encode
+import zstandard
+from aiokafka.codec import gzip_encode, lz4_encode, snappy_encode
 from aiokafka.record.util import calc_crc32c
 
 from cdcd._purepy import c_module
@@ -58,6 +59,12 @@ RECORD_OVERHEAD: Final = 32
 
 WriteRecord = Callable[..., int]
 
+
+#: zstd at level 3 (aiokafka's and the broker's default) with one compression context for
+#: every batch: a context made per call (cramjam's, aiokafka's) allocates about 2.5 MiB, mapped
+#: on its own (cdcd.runtime) and so page-faulted afresh for each batch, which cost more CPU
+#: than compressing
+_ZSTD: Final = zstandard.ZstdCompressor(level=3)
 
 _KAFKAREC: Final = c_module("cdcd._kafkarec")
 #: cdcd._kafkarec.kafka_record (hand-written C), or None where it is not in use
@@ -118,9 +125,11 @@ def record_size(key: bytes | None, value: bytes | None, headers: bytes) -> int:
 class RecordBatch:
     """The records of one batch, written into ``buffer`` after room for the header."""
 
-    def __init__(self, max_size: int) -> None:
+    def __init__(self, max_size: int, buffer: bytearray | None = None) -> None:
         self.max_size = max_size
-        self.buffer = bytearray(HEADER_SIZE + 16384)  # grows by doubling
+        #: grows by doubling; ``buffer``: one a finished batch left (:meth:`release`), its
+        #: pages in memory already
+        self.buffer = buffer if buffer is not None else bytearray(HEADER_SIZE + 16384)
         self.pos = HEADER_SIZE
         self.count = 0
         self.first_ts = 0
@@ -181,15 +190,19 @@ class RecordBatch:
         """The batch as sent: header, records (compressed with ``codec`` when that makes them
         smaller), CRC; ``transactional``: part of a Kafka transaction of the producer. The same
         records can be built again (a replay)."""
-        records = bytes(memoryview(self.buffer)[HEADER_SIZE : self.pos])
+        size = self.pos - HEADER_SIZE
+        records = memoryview(self.buffer)[HEADER_SIZE : self.pos]
         attributes = TRANSACTIONAL if transactional else 0
+        out: bytearray | memoryview | None = None
         if codec != 0:
-            compressed = _compress(codec, records)
-            if len(compressed) < len(records):
-                records = compressed
-                attributes |= codec
-        out = bytearray(HEADER_SIZE)
-        out += records
+            compressed = _ZSTD.compress(records) if codec == 4 else _compress(codec, bytes(records))
+            if len(compressed) < size:
+                out = bytearray(HEADER_SIZE)
+                out += compressed
+        if out is None:  # uncompressed: the header goes in front of the records, in place
+            out = memoryview(self.buffer)[: self.pos]
+        else:
+            attributes |= codec
         _HEADER.pack_into(
             out,
             0,
@@ -209,6 +222,11 @@ class RecordBatch:
         )
         _CRC.pack_into(out, 17, calc_crc32c(out[_ATTRIBUTES_OFFSET:]))
         return bytes(out)
+
+    def release(self) -> bytearray:
+        """Give the buffer up (the broker has the batch), for a new batch to write into."""
+        buffer, self.buffer = self.buffer, bytearray()
+        return buffer
 
 
 def write_record_python(
@@ -286,8 +304,6 @@ def _put_varint(buffer: bytearray, pos: int, value: int) -> int:
 
 
 def _compress(codec: int, data: bytes) -> bytes:
-    if codec == 4:
-        return bytes(zstd_encode(data))
     if codec == 3:
         return bytes(lz4_encode(data))
     if codec == 2:

@@ -378,6 +378,7 @@ class Sender:
         self.batches.window_records -= batch.records.count
         self.batches.window_bytes -= batch.size
         self.stats["records_acked"] += batch.records.count
+        self.batches.recycle(batch)
 
     def _delivery_failed(self, head: Batch, exc: BaseException) -> None:
         if self.failure is not None or self._replay_task is not None:

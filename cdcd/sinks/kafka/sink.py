@@ -37,8 +37,9 @@ Hand-over, ordering, durability and failures: :mod:`cdcd.sinks.kafka.sender` (th
 window of unacknowledged batches and transaction ends, replays, the one place aiokafka's
 exceptions are translated); ``exactly_once``: :mod:`cdcd.sinks.kafka.exactly_once`. The window
 is bounded by ``buffer_records`` and ``buffer_bytes`` (key and value bytes plus 64 per record; a
-batch's buffer, grown by doubling, holds up to twice its records' bytes, and ``buffered_bytes``
-reports three times the counted bytes; ``buffer_bytes`` is lowered to a third of the sink's
+batch's buffer, grown by doubling, holds up to twice its records' bytes, a batch writing into
+the buffer of an acknowledged one counts a third of it besides, and ``buffered_bytes`` reports
+three times the counted bytes; ``buffer_bytes`` is lowered to a third of the sink's
 ``memory_budget``, its share of ``buffer.memory_limit``, when that is smaller): ``write`` waits
 for acknowledgements beyond them, which blocks the pipeline while the broker is away instead of
 growing memory.
