@@ -17,6 +17,7 @@ what PostgreSQL resends, whatever Kafka already holds (:meth:`KafkaTransactions.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -47,6 +48,10 @@ class KafkaTransactions:
         self.position: Position | None = None  # the last event added
         self._skip_txn = False  # the current transaction is in Kafka already
         self._skip_seq = -1  # its events up to this seq are in Kafka already
+        self._commit_task: asyncio.Task[None] | None = None  # the Kafka commit under way
+        # what the window held when it began (its records and bytes; KafkaSink's bounds)
+        self.held_records = 0
+        self.held_bytes = 0
 
     async def start(self) -> None:
         """Create (or check) the position topic, read what Kafka holds (the producer's start
@@ -128,12 +133,36 @@ class KafkaTransactions:
     # --- the commit ------------------------------------------------------------------------
 
     async def commit(self) -> None:
-        """End the Kafka transaction with cdcd's position, so that what was added so far
-        becomes visible to read_committed consumers at once with it, then mark the transactions
-        it completes durable and open the next one. A failed batch, or a failed commit that may
-        pass, aborts it (a new producer) and sends it all again."""
+        """Commit everything added so far, and wait until it is committed (a flush)."""
+        await self.committed()
+        self.begin_commit()
+        await self.committed()
+
+    async def make_room(self) -> None:
+        """The window is full: wait for the Kafka commit under way, or begin one."""
+        if self._commit_task is not None:
+            await self.committed()
+        else:
+            self.begin_commit()
+
+    async def committed(self) -> None:
+        """Wait for the Kafka commit under way, if any (its failure raised here)."""
+        task = self._commit_task
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            finally:
+                if task.done() and self._commit_task is task:
+                    self._commit_task = None
+        self.sender.raise_failure()
+
+    def begin_commit(self) -> None:
+        """End the open Kafka transaction with cdcd's position, in the background: it holds
+        everything added so far, and nothing added from now on (the next Kafka transaction's
+        records are written meanwhile and handed over once it begins)."""
         sender = self.sender
         sender.raise_failure()
+        assert self._commit_task is None or self._commit_task.done(), "one commit at a time"
         window = sender.window
         if not any(isinstance(entry, Batch) for entry in window):
             while window:  # transactions without records: nothing to hold in Kafka
@@ -143,8 +172,7 @@ class KafkaTransactions:
             return
         batches = sender.batches
         if self.position is not None:
-            if self.position_topic not in sender.partitions:
-                await sender.prepare_topic(self.position_topic, "the position topic")
+            assert self.position_topic in sender.partitions  # learnt at start
             batches.add(
                 self.position_topic,
                 int(time.time() * 1000),
@@ -158,54 +186,87 @@ class KafkaTransactions:
             )
         batches.ready.extend(batches.open.values())
         batches.open.clear()
+        sender.barrier = len(batches.ready)  # all of them, and no later one, in this one
+        self.held_records, self.held_bytes = batches.window_records, batches.window_bytes
+        task = asyncio.get_running_loop().create_task(self._commit(len(window)))
+        task.add_done_callback(self._commit_done)
+        self._commit_task = task
+
+    def _commit_done(self, task: asyncio.Task[None]) -> None:
+        if self._commit_task is task:
+            self._commit_task = None
+        error = None if task.cancelled() else task.exception()  # also marks it retrieved
+        if error is not None:
+            if self.sender.failure is None:  # a bug: make it visible to the pipeline
+                self.sender.failure = DefiniteSinkError(f"kafka: commit failed: {error!r}")
+            self.sender.changed.set()
+
+    def close(self) -> None:
+        if self._commit_task is not None:
+            self._commit_task.cancel()
+
+    async def _commit(self, count: int) -> None:
+        """Hand over the Kafka transaction's batches, wait for their acknowledgements, commit,
+        mark the source transactions it completes durable (the window's first ``count``
+        entries) and begin the next Kafka transaction. A failed batch, or a failed commit that
+        may pass, aborts it (a new producer) and sends it all again."""
+        sender = self.sender
+        window = sender.window
+        batches = sender.batches
+        mine = [entry for entry in itertools.islice(window, count) if isinstance(entry, Batch)]
         async with sender.send_lock:
-            while True:
-                assert sender.producer is not None
-                await sender.submit_ready()
-                sender.raise_failure()
-                handed = [entry for entry in window if isinstance(entry, Batch)]
-                results = await asyncio.gather(
-                    *(b.future for b in handed if b.future is not None), return_exceptions=True
-                )
-                failed = next((r for r in results if isinstance(r, BaseException)), None)
-                if failed is None:
-                    try:
-                        await sender.producer.commit_transaction()
-                    except Exception as exc:
-                        # it may have committed at the broker: only a restart, which reads
-                        # the position back, can tell what Kafka holds
-                        err = sender.translate(exc, topic=self.position_topic)
-                        if not isinstance(err, SinkSetupError):
-                            err = DefiniteSinkError(
-                                f"kafka: committing the Kafka transaction failed ({err}); "
-                                "cdcd stops, its next start reads back what Kafka holds"
-                            )
+            try:
+                while True:
+                    assert sender.producer is not None
+                    await sender.submit_ready()
+                    sender.raise_failure()
+                    results = await asyncio.gather(
+                        *(b.future for b in mine if b.future is not None), return_exceptions=True
+                    )
+                    failed = next((r for r in results if isinstance(r, BaseException)), None)
+                    if failed is None:
+                        try:
+                            await sender.producer.commit_transaction()
+                        except Exception as exc:
+                            # it may have committed at the broker: only a restart, which reads
+                            # the position back, can tell what Kafka holds
+                            err = sender.translate(exc, topic=self.position_topic)
+                            if not isinstance(err, SinkSetupError):
+                                err = DefiniteSinkError(
+                                    f"kafka: committing the Kafka transaction failed ({err}); "
+                                    "cdcd stops, its next start reads back what Kafka holds"
+                                )
+                            sender.failure = err
+                            sender.changed.set()
+                            raise err from exc
+                        break
+                    err = sender.translate(failed, topic=mine[0].topic, batch=mine[0])
+                    if not isinstance(err, TransientSinkError):
                         sender.failure = err
                         sender.changed.set()
-                        raise err from exc
-                    break
-                err = sender.translate(failed, topic=handed[0].topic, batch=handed[0])
-                if not isinstance(err, TransientSinkError):
-                    sender.failure = err
-                    sender.changed.set()
-                    raise err from failed
-                log.warning("kafka_transaction_retry", error=str(err))
-                sender.stats["replays"] += 1
-                await sender.renew_producer()
-                for batch in handed:
-                    batch.future = None
-                batches.ready.extend(handed)
-            sender.stats["kafka_commits"] += 1
-            while window:
-                entry = window.popleft()
-                if isinstance(entry, int):
-                    sender.mark_durable(entry)
-                else:
-                    sender.acknowledged(entry)
-            sender.changed.set()
-            try:
-                await sender.producer.begin_transaction()
-            except Exception as exc:
-                sender.failure = sender.translate(exc)
+                        raise err from failed
+                    log.warning("kafka_transaction_retry", error=str(err))
+                    sender.stats["replays"] += 1
+                    await sender.renew_producer()
+                    for batch in mine:
+                        batch.future = None
+                    batches.ready.extendleft(reversed(mine))  # before the next one's
+                    sender.barrier = len(mine)
+                sender.stats["kafka_commits"] += 1
+                for _ in range(count):
+                    entry = window.popleft()
+                    if isinstance(entry, int):
+                        sender.mark_durable(entry)
+                    else:
+                        sender.acknowledged(entry)
+                self.held_records = self.held_bytes = 0
                 sender.changed.set()
-                raise sender.failure from exc
+                try:
+                    await sender.producer.begin_transaction()
+                except Exception as exc:
+                    sender.failure = sender.translate(exc)
+                    sender.changed.set()
+                    raise sender.failure from exc
+            finally:
+                sender.barrier = None
+                batches.wake.set()  # the next Kafka transaction's batches, if any

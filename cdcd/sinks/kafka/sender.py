@@ -87,6 +87,9 @@ class Sender:
         self.flushing = 0  # flush() calls waiting: hand open batches over without lingering
         self.changed = asyncio.Event()  # the window moved or failed
         self.send_lock = asyncio.Lock()  # one of submitter / replay / commit hands batches over
+        #: exactly once, while a Kafka commit waits: how many more of ``ready`` (from its front)
+        #: belong to that Kafka transaction; the batches after them wait for the next one
+        self.barrier: int | None = None
         self.failure: SinkError | None = None
         self.stats = {
             "records_sent": 0,
@@ -225,6 +228,10 @@ class Sender:
         batches = self.batches
         ready, wake = batches.ready, batches.wake
         while True:
+            if self.barrier == 0:  # closed after a Kafka commit began: wait for the next one
+                wake.clear()
+                await wake.wait()
+                continue
             if not ready:
                 if not batches.open:
                     wake.clear()
@@ -242,11 +249,14 @@ class Sender:
                 await self.submit_ready()
 
     async def submit_ready(self) -> None:
-        """Hand over the closed batches, in order (under ``send_lock``)."""
+        """Hand over the closed batches, in order (under ``send_lock``); while a Kafka commit
+        waits, only those of its Kafka transaction (``barrier``)."""
         ready = self.batches.ready
-        while ready:
+        while ready and self.barrier != 0:
             await self._submit(ready[0])
             ready.popleft()
+            if self.barrier is not None:
+                self.barrier -= 1
 
     async def _submit(self, batch: Batch) -> None:
         """Hand one batch to the producer, retrying while the broker is unavailable. A definite

@@ -132,6 +132,8 @@ class KafkaSink(Sink):
         log.info("kafka_connected", bootstrap=self._sender.bootstrap(), prefix=self.prefix)
 
     async def close(self) -> None:
+        if self._txns is not None:
+            self._txns.close()
         await self._sender.close()
 
     # --- the pipeline's calls ----------------------------------------------------------------
@@ -151,8 +153,7 @@ class KafkaSink(Sink):
         if txns is not None:
             events = txns.unsent(events)
         batches = self._batches
-        batches.record_limit = self.config.buffer_records
-        batches.byte_limit = self._buffer_bytes
+        self._set_limits()
         i = 0
         while i < len(events):
             i = batches.add_events(events, i)
@@ -299,12 +300,23 @@ class KafkaSink(Sink):
         sender = self._sender
         while True:
             sender.raise_failure()
-            batches.record_limit = self.config.buffer_records
-            batches.byte_limit = self._buffer_bytes
+            self._set_limits()
             if not batches.full():
                 return
             if self._txns is not None:
-                await self._txns.commit()
+                await self._txns.make_room()
                 continue
             sender.changed.clear()
             await sender.changed.wait()
+
+    def _set_limits(self) -> None:
+        """``buffer_records`` and ``buffer_bytes`` for the window. Exactly once, half of each
+        for the Kafka transaction being committed and half for the next one, whose records
+        are written while the commit waits for the broker."""
+        records, size = self.config.buffer_records, self._buffer_bytes
+        txns = self._txns
+        if txns is not None:
+            records = max(1, records // 2) + txns.held_records
+            size = max(1, size // 2) + txns.held_bytes
+        self._batches.record_limit = records
+        self._batches.byte_limit = size
