@@ -84,6 +84,9 @@ class Sink(abc.ABC):
     #: True: the sink makes data durable on its own schedule (``durable_lsn`` rises without
     #: ``flush``); the pipeline then flushes it only after a quiet moment, as a safety net
     flushes_itself: bool = False
+    #: True: ``flush`` may run while more is written (it makes durable what was handed before
+    #: it began); the initial snapshot then flushes in the background (docs/snapshots.md)
+    flushes_while_writing: bool = False
 
     #: bytes the sink should keep its own buffers within: a share of ``buffer.memory_limit``,
     #: set by the writer before the first transaction (None: no bound given)

@@ -29,6 +29,7 @@ class NullSink(Sink):
     type_name = "null"
     Config = NullSinkConfig
     flush_interval = 0.0
+    flushes_while_writing = True
 
     def __init__(self, config: NullSinkConfig, context: SinkContext) -> None:
         super().__init__()

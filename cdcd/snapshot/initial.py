@@ -342,6 +342,9 @@ async def initial_snapshot(
             progress.recorded(handed)
 
         recording: asyncio.Task[None] | None = None
+        # the flush goes on while the writer does, where every sink allows it (a Kafka
+        # transaction's commit must not take what is written meanwhile)
+        background = all(sink.flushes_while_writing for sink in sinks)
 
         async def checkpoint() -> None:
             """A record every so often; the writer waits while too much is not durable."""
@@ -351,7 +354,7 @@ async def initial_snapshot(
                 recording = None
             if recording is None and progress.due():
                 recording = asyncio.create_task(record(*progress.take()))
-                if progress.must_wait():
+                if progress.must_wait() or not background:
                     await recording
                     recording = None
 

@@ -257,6 +257,7 @@ class FileSink(Sink):
     Config = FileSinkConfig
     #: publishes in the background (see ``_schedule_flush``): the pipeline need not call flush
     flushes_itself = True
+    flushes_while_writing = True  # what comes after a flush began goes to new files
 
     @classmethod
     def directories(cls, config: FileSinkConfig) -> dict[str, Path]:
