@@ -12,6 +12,7 @@ newest state once it ends.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -178,6 +179,7 @@ class Ledger:
         self.state = state
         self.stats = stats
         self.undurable: dict[str, list[Done]] = {}
+        self.recorded = asyncio.Event()  # set when chunks are recorded (the reader waits)
 
     def in_flight(self) -> int:
         """Chunks queued or being read, not recorded yet, of every table."""
@@ -190,6 +192,8 @@ class Ledger:
         recorded = False
         for chunks in self.undurable.values():
             recorded |= self._record(chunks, durable)
+        if recorded:
+            self.recorded.set()
         if now and (recorded or self.state.unwritten):
             self.state.save()
         elif recorded:

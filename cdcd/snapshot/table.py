@@ -231,10 +231,11 @@ class _TableReader:
         try:
             while snap.state.tables.get(name) is entry and not (ended and not inflight):
                 snap.record_durable()
-                # bounded: what a crash makes emit again (chunks not recorded yet) stays small;
-                # at the bound, or with no chunk left to read, the sinks are asked to flush
-                # rather than left to wait for their flush_interval
-                if ended or ledger.in_flight() >= cfg.chunks_in_flight:
+                # bounded: what a crash makes emit again (chunks not recorded yet) stays small.
+                # From half the bound on, or with no chunk left to read, the sinks are asked to
+                # flush rather than left to wait for their flush_interval: the flush goes on
+                # while the next chunks are read, and the bound is seldom reached
+                if ended or ledger.in_flight() >= max(1, cfg.chunks_in_flight // 2):
                     snap.flush()
                 if tail is not None and tail.keyed:  # its rows are read: the next start
                     lo, ended, tail = tail.last_key, tail.finished, None
@@ -287,15 +288,15 @@ class _TableReader:
                     else:
                         lo = hi
                     continue
-                if not inflight:
-                    await asyncio.sleep(0.05)  # waiting for chunks to be durable
-                    continue
                 keyed.clear()
+                ledger.recorded.clear()
                 waiting: set[asyncio.Future[Any]] = set(inflight)
                 if tail is not None:  # woken as soon as its rows are read
                     waiting.add(asyncio.ensure_future(keyed.wait()))
+                # and as soon as chunks are recorded durable (the next chunk may start at once)
+                waiting.add(asyncio.ensure_future(ledger.recorded.wait()))
                 finished, _ = await asyncio.wait(
-                    waiting, timeout=0.5, return_when=asyncio.FIRST_COMPLETED
+                    waiting, timeout=0.5 if inflight else 0.05, return_when=asyncio.FIRST_COMPLETED
                 )
                 for extra in waiting - set(inflight):
                     extra.cancel()
