@@ -21,6 +21,18 @@ async def kafka_broker() -> AsyncIterator[KafkaBroker]:
         await broker.close()
 
 
+@pytest.fixture(scope="session")
+async def kafka_cluster() -> AsyncIterator[KafkaBroker]:
+    """Three nodes (replication factor 3, ``min.insync.replicas`` 2) for the session, started
+    when a test first asks for them. Tests that kill nodes leave them all running again
+    (:meth:`KafkaBroker.heal`)."""
+    broker = await KafkaBroker.launch(brokers=3, external_ok=False)
+    try:
+        yield broker
+    finally:
+        await broker.close()
+
+
 @pytest.fixture
 async def restartable_kafka_broker(kafka_broker: KafkaBroker) -> AsyncIterator[KafkaBroker]:
     """The session's broker, for a test that stops, starts or restarts it (skipped with an

@@ -3,8 +3,9 @@ a broker of three killed mid-stream, all three down while the daemon streams, a 
 without a leader, a missing topic, a wrong
 SASL password, a topic the principal may not write, and the daemon started with no broker.
 
-The three-node cluster (replication factor 3, ``min.insync.replicas`` 2) and the broker with
-SASL/SCRAM and an authorizer are started once for this module.
+The three-node cluster (replication factor 3, ``min.insync.replicas`` 2) is the session's
+(shared with the end-to-end Spark tests); the broker with SASL/SCRAM and an authorizer is
+started once for this module.
 """
 
 from __future__ import annotations
@@ -37,13 +38,10 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 USER, PASSWORD = "cdcd", "cdcd-secret"
 
 
-@pytest.fixture(scope="module")
-async def cluster() -> AsyncIterator[KafkaBroker]:
-    broker = await KafkaBroker.launch(brokers=3, external_ok=False)
-    try:
-        yield broker
-    finally:
-        await broker.close()
+@pytest.fixture
+def cluster(kafka_cluster: KafkaBroker) -> KafkaBroker:
+    """The session's three-node cluster (tests/integration/conftest.py)."""
+    return kafka_cluster
 
 
 @pytest.fixture(scope="module")
