@@ -14,7 +14,11 @@
  * converter then gives the same value, or raises the error the pure-Python path raises.
  *
  * For the initial snapshot it writes a batch's records in one call (snapshot_lines, from rows;
- * copy_snapshot_lines, from COPY's text), and count_newlines counts COPY's rows. The other jobs
+ * copy_snapshot_lines, from COPY's text), and count_newlines counts COPY's rows.
+ *
+ * The envelope around the rows (event_body, snapshot_lines) is not written here: its field names,
+ * punctuation and order are cdcd/events/envelope.py's, whose constant pieces every call is handed
+ * (`pieces`, envelope.ROW) and splices in order with the per-event numbers and JSON. The other jobs
  * in C are modules of their own (_kafkarec.c, _arrowcols.c, _xlog.c, _tupledata.c), sharing
  * _cdcd.h.
  *
@@ -595,10 +599,35 @@ static int put_bytes(Buf *b, PyObject *obj) {
     return -1;
 }
 
+/* The envelope's constant pieces (cdcd.events.envelope.RowPieces, in its order): nothing of the
+ * envelope is written here but the bytes handed in; these name their places in the tuple. */
+enum {
+    P_BEFORE, P_AFTER, P_HEAD, P_LSN, P_PREV_NONE, P_PREV, P_PREV_LSN, P_COMMIT_LSN, P_SEQ, P_OP,
+    P_TS_MS, P_TXN_NONE, P_TXID, P_TOTAL_ORDER, P_DCO, P_TXN_END, P_KEY, P_END, N_PIECES
+};
+
+static int pieces_ok(PyObject *pieces, const char *fn) {
+    if (!PyTuple_Check(pieces) || PyTuple_GET_SIZE(pieces) != N_PIECES)
+        goto bad;
+    for (Py_ssize_t i = 0; i < N_PIECES; i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(pieces, i)))
+            goto bad;
+    return 1;
+bad:
+    PyErr_Format(PyExc_TypeError, "%s: the envelope's pieces must be %d bytes", fn, N_PIECES);
+    return 0;
+}
+
+static int put_piece(Buf *b, PyObject *pieces, int i) {
+    PyObject *piece = PyTuple_GET_ITEM(pieces, i);
+    return buf_put(b, PyBytes_AS_STRING(piece), PyBytes_GET_SIZE(piece));
+}
+
 PyDoc_STRVAR(event_body_doc,
 "event_body(before, after, source_head, lsn, prev_lsn, commit_lsn, seq, extra, op, ts_ms,\n"
-"           txid, dco, key) -> bytes\n\n"
+"           txid, dco, key, pieces) -> bytes\n\n"
 "A row event's JSON without its closing brace, as ChangeEvent._body formats it in Python:\n"
+"``pieces`` (cdcd.events.envelope.ROW) are the envelope's constant bytes, spliced in order,\n"
 "``{\"before\":<before>,\"after\":<after>,\"source\":<source_head>\"lsn\":...,\"seq\":<seq>"
 "<extra>},\"op\":...,\"transaction\":...``. ``before``/``after``/``source_head``/``extra``: JSON\n"
 "bytes; ``op``, ``txid``: str written as they are (``txid`` None: a null transaction block);\n"
@@ -607,47 +636,48 @@ PyDoc_STRVAR(event_body_doc,
 
 static PyObject *event_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "event_body takes 13 arguments");
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "event_body takes 14 arguments");
         return NULL;
     }
     PyObject *before = args[0], *after = args[1], *head = args[2], *lsn = args[3];
     PyObject *prev = args[4], *commit_lsn = args[5], *seq = args[6], *extra = args[7];
     PyObject *op = args[8], *ts_ms = args[9], *txid = args[10], *dco = args[11];
-    PyObject *key = args[12];
+    PyObject *key = args[12], *pieces = args[13];
+    if (!pieces_ok(pieces, "event_body"))
+        return NULL;
     Buf b;
     buf_init(&b);
-    if (PUT_LIT(&b, "{\"before\":") < 0 || put_bytes(&b, before) < 0
-        || PUT_LIT(&b, ",\"after\":") < 0 || put_bytes(&b, after) < 0
-        || PUT_LIT(&b, ",\"source\":") < 0 || put_bytes(&b, head) < 0
-        || PUT_LIT(&b, "\"lsn\":") < 0 || put_int(&b, lsn) < 0
-        || PUT_LIT(&b, ",\"sequence\":\"[") < 0)
+    if (put_piece(&b, pieces, P_BEFORE) < 0 || put_bytes(&b, before) < 0
+        || put_piece(&b, pieces, P_AFTER) < 0 || put_bytes(&b, after) < 0
+        || put_piece(&b, pieces, P_HEAD) < 0 || put_bytes(&b, head) < 0
+        || put_piece(&b, pieces, P_LSN) < 0 || put_int(&b, lsn) < 0)
         goto fail;
     if (prev == Py_None) {
-        if (PUT_LIT(&b, "null") < 0)
+        if (put_piece(&b, pieces, P_PREV_NONE) < 0)
             goto fail;
-    } else if (PUT_LIT(&b, "\\\"") < 0 || put_int(&b, prev) < 0 || PUT_LIT(&b, "\\\"") < 0) {
+    } else if (put_piece(&b, pieces, P_PREV) < 0 || put_int(&b, prev) < 0
+               || put_piece(&b, pieces, P_PREV_LSN) < 0) {
         goto fail;
     }
-    if (PUT_LIT(&b, ",\\\"") < 0 || put_int(&b, lsn) < 0
-        || PUT_LIT(&b, "\\\"]\",\"xmin\":null,\"commit_lsn\":") < 0 || put_int(&b, commit_lsn) < 0
-        || PUT_LIT(&b, ",\"seq\":") < 0 || put_int(&b, seq) < 0 || put_bytes(&b, extra) < 0
-        || PUT_LIT(&b, "},\"op\":\"") < 0 || put_bytes(&b, op) < 0
-        || PUT_LIT(&b, "\",\"ts_ms\":") < 0 || put_int(&b, ts_ms) < 0
-        || PUT_LIT(&b, ",\"transaction\":") < 0)
+    if (put_int(&b, lsn) < 0 || put_piece(&b, pieces, P_COMMIT_LSN) < 0
+        || put_int(&b, commit_lsn) < 0 || put_piece(&b, pieces, P_SEQ) < 0
+        || put_int(&b, seq) < 0 || put_bytes(&b, extra) < 0
+        || put_piece(&b, pieces, P_OP) < 0 || put_bytes(&b, op) < 0
+        || put_piece(&b, pieces, P_TS_MS) < 0 || put_int(&b, ts_ms) < 0)
         goto fail;
     if (txid == Py_None) {
-        if (PUT_LIT(&b, "null") < 0)
+        if (put_piece(&b, pieces, P_TXN_NONE) < 0)
             goto fail;
-    } else {
-        if (PUT_LIT(&b, "{\"id\":\"") < 0 || put_bytes(&b, txid) < 0
-            || PUT_LIT(&b, "\",\"total_order\":") < 0 || put_int_plus(&b, seq, 1) < 0
-            || PUT_LIT(&b, ",\"data_collection_order\":") < 0 || put_int(&b, dco) < 0
-            || PUT_LIT(&b, "}") < 0)
-            goto fail;
+    } else if (put_piece(&b, pieces, P_TXID) < 0 || put_bytes(&b, txid) < 0
+               || put_piece(&b, pieces, P_TOTAL_ORDER) < 0 || put_int_plus(&b, seq, 1) < 0
+               || put_piece(&b, pieces, P_DCO) < 0 || put_int(&b, dco) < 0
+               || put_piece(&b, pieces, P_TXN_END) < 0) {
+        goto fail;
     }
     if (key != Py_None  /* the JSON Lines record: the key, and the value's closing brace */
-        && (PUT_LIT(&b, ",\"key\":") < 0 || put_bytes(&b, key) < 0 || PUT_LIT(&b, "}") < 0))
+        && (put_piece(&b, pieces, P_KEY) < 0 || put_bytes(&b, key) < 0
+            || put_piece(&b, pieces, P_END) < 0))
         goto fail;
     return buf_finish(&b);
 fail:
@@ -681,12 +711,13 @@ static PyObject *ATTR_KINDS, *ATTR_VALUES;
  * first), and the parts of their envelope that are the same for every row (snap_prepare). */
 typedef struct {
     PyObject *names, *codes, *text_convs, *binary_convs, *key_idx, *key_names;
-    PyObject *head, *last_head, *extra, *dumps;
+    PyObject *head, *last_head, *extra, *dumps, *pieces;
     Py_ssize_t last_index;
     long long commit_lsn, first_seq, ts_ms;
     /* from the after image's end to the seq's digits: row 0, rows after it, the last row */
     PyObject *env_first, *env_rest, *env_last;
     PyObject *env_tail;  /* from after the seq to the key */
+    PyObject *env_start, *env_end;  /* a row's record up to its after image; after its key */
 } Snap;
 
 static void snap_clear(Snap *s) {
@@ -694,24 +725,26 @@ static void snap_clear(Snap *s) {
     Py_CLEAR(s->env_rest);
     Py_CLEAR(s->env_last);
     Py_CLEAR(s->env_tail);
+    Py_CLEAR(s->env_start);
+    Py_CLEAR(s->env_end);
 }
 
 /* ``,"source":`` head ``"lsn":`` ... ``"seq":`` for a row that is first or not, with `head`. */
 static PyObject *snap_env(const Snap *s, PyObject *head, int first) {
     Buf b;
     buf_init(&b);
-    if (PUT_LIT(&b, ",\"source\":") < 0 || put_bytes(&b, head) < 0 || PUT_LIT(&b, "\"lsn\":") < 0
-        || put_ll(&b, s->commit_lsn) < 0 || PUT_LIT(&b, ",\"sequence\":\"[") < 0)
+    if (put_piece(&b, s->pieces, P_HEAD) < 0 || put_bytes(&b, head) < 0
+        || put_piece(&b, s->pieces, P_LSN) < 0 || put_ll(&b, s->commit_lsn) < 0)
         goto fail;
     if (first) {
-        if (PUT_LIT(&b, "null") < 0)
+        if (put_piece(&b, s->pieces, P_PREV_NONE) < 0)
             goto fail;
-    } else if (PUT_LIT(&b, "\\\"") < 0 || put_ll(&b, s->commit_lsn) < 0 || PUT_LIT(&b, "\\\"") < 0) {
+    } else if (put_piece(&b, s->pieces, P_PREV) < 0 || put_ll(&b, s->commit_lsn) < 0
+               || put_piece(&b, s->pieces, P_PREV_LSN) < 0) {
         goto fail;
     }
-    if (PUT_LIT(&b, ",\\\"") < 0 || put_ll(&b, s->commit_lsn) < 0
-        || PUT_LIT(&b, "\\\"]\",\"xmin\":null,\"commit_lsn\":") < 0 || put_ll(&b, s->commit_lsn) < 0
-        || PUT_LIT(&b, ",\"seq\":") < 0)
+    if (put_ll(&b, s->commit_lsn) < 0 || put_piece(&b, s->pieces, P_COMMIT_LSN) < 0
+        || put_ll(&b, s->commit_lsn) < 0 || put_piece(&b, s->pieces, P_SEQ) < 0)
         goto fail;
     return buf_finish(&b);
 fail:
@@ -727,23 +760,43 @@ static int snap_prepare(Snap *s) {
     if (s->env_first == NULL || s->env_rest == NULL || s->env_last == NULL)
         return -1;
     buf_init(&b);
-    if (put_bytes(&b, s->extra) < 0 || PUT_LIT(&b, "},\"op\":\"r\",\"ts_ms\":") < 0
+    if (put_bytes(&b, s->extra) < 0 || put_piece(&b, s->pieces, P_OP) < 0
+        || PUT_LIT(&b, "r") < 0 || put_piece(&b, s->pieces, P_TS_MS) < 0
         || put_ll(&b, s->ts_ms) < 0
         /* snapshot rows: no transaction block */
-        || PUT_LIT(&b, ",\"transaction\":null,\"key\":") < 0) {
+        || put_piece(&b, s->pieces, P_TXN_NONE) < 0 || put_piece(&b, s->pieces, P_KEY) < 0) {
         buf_free(&b);
         return -1;
     }
     s->env_tail = buf_finish(&b);
-    return s->env_tail == NULL ? -1 : 0;
+    if (s->env_tail == NULL)
+        return -1;
+    /* a row's start (no before image) and end (after its key) */
+    buf_init(&b);
+    if (put_piece(&b, s->pieces, P_BEFORE) < 0 || PUT_LIT(&b, "null") < 0
+        || put_piece(&b, s->pieces, P_AFTER) < 0) {
+        buf_free(&b);
+        return -1;
+    }
+    s->env_start = buf_finish(&b);
+    buf_init(&b);
+    if (put_piece(&b, s->pieces, P_END) < 0 || PUT_LIT(&b, "\n") < 0) {
+        buf_free(&b);
+        return -1;
+    }
+    s->env_end = buf_finish(&b);
+    return s->env_start == NULL || s->env_end == NULL ? -1 : 0;
 }
 
 static int snap_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, Snap *s) {
-    s->env_first = s->env_rest = s->env_last = s->env_tail = NULL;
-    if (nargs != 15) {
-        PyErr_Format(PyExc_TypeError, "%s takes 15 arguments", fn);
+    s->env_first = s->env_rest = s->env_last = s->env_tail = s->env_start = s->env_end = NULL;
+    if (nargs != 16) {
+        PyErr_Format(PyExc_TypeError, "%s takes 16 arguments", fn);
         return -1;
     }
+    s->pieces = args[15];
+    if (!pieces_ok(s->pieces, fn))
+        return -1;
     s->names = args[1];
     s->codes = args[2];
     s->text_convs = args[3];
@@ -770,6 +823,11 @@ static int snap_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, Sn
     return 0;
 }
 
+/* bytes made by snap_prepare, appended */
+static int put_obj(Buf *b, PyObject *bytes) {
+    return buf_put(b, PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes));
+}
+
 /* Row i's record from the after image's end to the key: ``,"source":...,"key":``. */
 static int put_envelope(Buf *b, const Snap *s, Py_ssize_t i) {
     PyObject *env = i == s->last_index ? s->env_last : i == 0 ? s->env_first : s->env_rest;
@@ -782,7 +840,7 @@ static int put_envelope(Buf *b, const Snap *s, Py_ssize_t i) {
 
 PyDoc_STRVAR(snapshot_lines_doc,
 "snapshot_lines(rows, names, codes, text_convs, binary_convs, key_idx, key_names, head,\n"
-"               last_head, last_index, commit_lsn, first_seq, ts_ms, extra, dumps)\n"
+"               last_head, last_index, commit_lsn, first_seq, ts_ms, extra, dumps, pieces)\n"
 "    -> list[bytes] | None\n\n"
 "The JSON Lines records, each followed by a newline, in pieces of about 64 KiB (a record may\n"
 "span two), of the op \"r\" events that\n"
@@ -821,7 +879,7 @@ static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_
             Py_DECREF(kinds);
             goto fail;
         }
-        int rc = PUT_LIT(&b, "{\"before\":null,\"after\":") < 0 ? -1 : 1;
+        int rc = put_obj(&b, s.env_start) < 0 ? -1 : 1;
         if (rc == 1)
             rc = put_row(&b, s.names, Py_None, s.codes, s.text_convs, s.binary_convs, kinds,
                          values, s.dumps);
@@ -834,7 +892,7 @@ static PyObject *snapshot_lines(PyObject *self, PyObject *const *args, Py_ssize_
                 rc = put_row(&b, s.key_names, s.key_idx, s.codes, s.text_convs, s.binary_convs,
                              kinds, values, s.dumps);
         }
-        if (rc == 1 && PUT_LIT(&b, "}\n") < 0)
+        if (rc == 1 && put_obj(&b, s.env_end) < 0)
             rc = -1;
         Py_DECREF(kinds);
         Py_DECREF(values);
@@ -999,7 +1057,7 @@ static PyObject *copy_snapshot_lines(PyObject *self, PyObject *const *args, Py_s
         const char *stop = nl == NULL ? end : nl;
         if (!split_line(p, stop - p, width, fields, scratch))
             goto general;
-        int rc = PUT_LIT(&b, "{\"before\":null,\"after\":") < 0 ? -1 : 1;
+        int rc = put_obj(&b, s.env_start) < 0 ? -1 : 1;
         if (rc == 1)
             rc = put_fields(&b, s.names, Py_None, s.codes, s.text_convs, fields, s.dumps);
         if (rc == 1 && put_envelope(&b, &s, i) < 0)
@@ -1011,7 +1069,7 @@ static PyObject *copy_snapshot_lines(PyObject *self, PyObject *const *args, Py_s
                 rc = put_fields(&b, s.key_names, s.key_idx, s.codes, s.text_convs, fields,
                                 s.dumps);
         }
-        if (rc == 1 && PUT_LIT(&b, "}\n") < 0)
+        if (rc == 1 && put_obj(&b, s.env_end) < 0)
             rc = -1;
         if (rc < 0)
             goto fail;

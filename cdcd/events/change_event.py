@@ -14,7 +14,6 @@ from typing import Any, Literal, cast
 
 import orjson
 
-from cdcd import __version__
 from cdcd.assembler.transaction import RenderedJson
 from cdcd.decoder.events import (
     KIND_UNCHANGED_TOAST,
@@ -24,6 +23,21 @@ from cdcd.decoder.events import (
 )
 from cdcd.events.catalog import Catalog, schema_name
 from cdcd.events.context import SinkContext
+from cdcd.events.envelope import (
+    HEAD_TAIL,
+    ROW,
+    fields_json,
+    message_value,
+    row_body,
+    row_value,
+    sequence,
+    source_block,
+    source_extra,
+    source_fixed,
+    source_head,
+    source_origin,
+    transaction_block,
+)
 from cdcd.lsn import pg_to_unix_us
 from cdcd.values.types import C_EVENT_BODY, UNCHANGED_TOAST, RowDecoder, json_prefixes
 
@@ -80,14 +94,7 @@ class RelInfo:
         start of every source block of this table (no closing brace), as orjson writes it."""
         cached = self._source_prefix
         if cached is None or cached[0] is not context:
-            fields = {
-                "version": __version__,
-                "connector": "postgresql",
-                "name": context.name,
-                "db": context.database,
-                "schema": self.schema,
-                "table": self.table,
-            }
+            fields = source_fixed(context.name, context.database, self.schema, self.table)
             cached = self._source_prefix = (context, orjson.dumps(fields)[:-1])
         return cached[1]
 
@@ -154,32 +161,21 @@ class TxnInfo:
         self.txid = f"{xid}:{commit_lsn}" if transactional else None
         self._sources: dict[tuple[int, str], Row] = {}
         self._heads: dict[tuple[int, str], bytes] = {}
-        self.origin_json = b',"origin":' + orjson.dumps(origin) if origin is not None else b""
+        self.origin_json = fields_json(source_origin(origin)) if origin is not None else b""
 
     def source_base(self, rel: RelInfo | None, snapshot: str) -> Row:
         """The source fields shared by this transaction's events on one table (cached)."""
         cache_key = (id(rel), snapshot)
         base = self._sources.get(cache_key)
         if base is None:
-            base = {
-                "version": __version__,
-                "connector": "postgresql",
-                "name": self.context.name,
-                "db": self.context.database,
-                "schema": rel.schema if rel is not None else None,
-                "table": rel.table if rel is not None else None,
-                "ts_ms": self.ts_ms,
-                "ts_us": self.ts_us,
-                "snapshot": snapshot,
-                "txId": self.xid,
-                "lsn": None,
-                "sequence": None,
-                "xmin": None,
-                "commit_lsn": self.commit_lsn,
-                "seq": None,
-            }
-            if self.origin is not None:
-                base["origin"] = self.origin
+            context = self.context
+            fixed = source_fixed(
+                context.name,
+                context.database,
+                rel.schema if rel is not None else None,
+                rel.table if rel is not None else None,
+            )
+            base = source_head(fixed, self.ts_ms, self.ts_us, snapshot, self.xid, self.origin)
             self._sources[cache_key] = base
         return base
 
@@ -198,8 +194,7 @@ class TxnInfo:
                 head = orjson.dumps(fixed)[:-1] + b","
             else:
                 txid = b"null" if self.xid is None else b"%d" % self.xid
-                head = b'%s,"ts_ms":%d,"ts_us":%d,"snapshot":%s,"txId":%s,' % (
-                    prefix,
+                head = prefix + HEAD_TAIL % (
                     self.ts_ms,
                     self.ts_us,
                     orjson.dumps(snapshot),
@@ -448,10 +443,9 @@ class ChangeEvent:
         src = self._source
         if src is None:
             prev = self._prev_lsn
-            src = self._txn.source_base(self._rel, self._snapshot).copy()
-            src["lsn"] = self.lsn
-            src["sequence"] = f'[null,"{self.lsn}"]' if prev is None else f'["{prev}","{self.lsn}"]'
-            src["seq"] = self.seq
+            base = self._txn.source_base(self._rel, self._snapshot)
+            lsn = self.lsn
+            src = source_block(base, lsn, sequence(prev, lsn), self.commit_lsn, self.seq)
             op = self.op
             if op == "t":
                 cascade, restart = self._extra
@@ -459,12 +453,7 @@ class ChangeEvent:
             elif op == "m":
                 src["transactional"] = self._txn.transactional
             else:
-                unchanged = self._rows(False)[2]
-                if unchanged:
-                    src["unchanged_toast"] = unchanged
-                link = self.key_link()
-                if link is not None:
-                    src[link[0]] = link[1]
+                src.update(source_extra(self._rows(False)[2], self.key_link()))
             self._source = src
         return src
 
@@ -474,33 +463,23 @@ class ChangeEvent:
         txid = self._txn.txid
         if txid is None:
             return None
-        return {"id": txid, "total_order": self.seq + 1, "data_collection_order": self._dco}
+        return transaction_block(txid, self.seq + 1, self._dco)
 
     def value(self) -> Row:
         value = self._value
         if value is None:
             if self.op == "m":
                 msg: Message = self._extra
-                value = {
-                    "op": "m",
-                    "ts_ms": self.ts_ms,
-                    "source": self.source(),
-                    "message": {
-                        "prefix": msg.prefix,
-                        "content": base64.b64encode(msg.content).decode("ascii"),
-                    },
-                    "transaction": self.transaction(),
+                message = {
+                    "prefix": msg.prefix,
+                    "content": base64.b64encode(msg.content).decode("ascii"),
                 }
+                value = message_value(self.ts_ms, self.source(), message, self.transaction())
             else:
                 before, after, _ = self._rows(False)
-                value = {
-                    "before": before,
-                    "after": after,
-                    "source": self.source(),
-                    "op": self.op,
-                    "ts_ms": self.ts_ms,
-                    "transaction": self.transaction(),
-                }
+                value = row_value(
+                    before, after, self.source(), self.op, self.ts_ms, self.transaction()
+                )
             self._value = value
         return value
 
@@ -524,7 +503,7 @@ class ChangeEvent:
         return None if key is None else orjson.dumps(key)
 
     def value_json(self) -> bytes:
-        return self._body() + b"}"
+        return self._body() + ROW.end
 
     def record_json(self) -> bytes:
         """One JSON Lines line (without the newline): the value plus a top-level ``key``."""
@@ -534,7 +513,7 @@ class ChangeEvent:
             made = self._make_body(key_json)  # the whole record in one piece
             if made is not None:
                 return made
-        return b"".join((self._body(), b',"key":', key_json, b"}"))
+        return b"".join((self._body(), ROW.key, key_json, ROW.end))
 
     def _body(self) -> bytes:
         """The value's JSON without its closing brace, cached.
@@ -582,39 +561,16 @@ class ChangeEvent:
         link = self.key_link() if self._extra is not None else None
         extra = txn.origin_json  # what the source block has after "seq"
         if unchanged or link is not None:
-            extra = b"".join(
-                (
-                    extra,
-                    b',"unchanged_toast":' + orjson.dumps(unchanged) if unchanged else b"",
-                    b"" if link is None else f',"{link[0]}":'.encode() + orjson.dumps(link[1]),
-                )
-            )
+            extra += fields_json(source_extra(unchanged, link))
         head = txn.source_head(self._rel, self._snapshot)
         if C_EVENT_BODY is not None:  # the same bytes as below, from cdcd/_rowjson.c
             return C_EVENT_BODY(
                 before_json, after_json, head, lsn, prev, self.commit_lsn, seq, extra, op,
-                self.ts_ms, txid, self._dco, key,
+                self.ts_ms, txid, self._dco, key, ROW,
             )  # fmt: skip
         if key is not None:
             return None  # the caller joins the record
-        first = "null" if prev is None else f'\\"{prev}\\"'
-        block = (
-            "null"
-            if txid is None
-            else f'{{"id":"{txid}","total_order":{seq + 1},"data_collection_order":{self._dco}}}'
-        )
-        body = b"".join(
-            (
-                b'{"before":',
-                before_json,
-                b',"after":',
-                after_json,
-                b',"source":',
-                head,
-                f'"lsn":{lsn},"sequence":"[{first},\\"{lsn}\\"]","xmin":null,'
-                f'"commit_lsn":{self.commit_lsn},"seq":{seq}'.encode(),
-                extra,
-                f'}},"op":"{op}","ts_ms":{self.ts_ms},"transaction":{block}'.encode(),
-            )
-        )
-        return body
+        return row_body(
+            before_json, after_json, head, lsn, prev, self.commit_lsn, seq, extra, op,
+            self.ts_ms, txid, self._dco, None,
+        )  # fmt: skip

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.events.change_event import ChangeEvent, RelInfo, TxnInfo
+from cdcd.events.envelope import ROW
 
 if TYPE_CHECKING:
     from cdcd.decoder.events import TupleData
@@ -109,7 +110,7 @@ class SnapshotRun(Sequence[ChangeEvent]):
         dec = rel.decoder(False)
         key_idx = rel.key_idx if rel.key_names is not None else None
         head, last_head = info.source_head(rel, "true"), info.source_head(rel, "last")
-        fixed = (self.final, self.commit_lsn, self.first_seq, self.ts_ms, info.origin_json)
+        fixed = (self.final, self.commit_lsn, self.first_seq, self.ts_ms, info.origin_json, ROW)
         if isinstance(rows, CopyBatch) and not rows.parsed:  # from COPY's text, not parsed
             return dec.snapshot_lines(
                 rows.text, True, key_idx, rel.key_prefixes, head, last_head, *fixed

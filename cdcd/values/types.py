@@ -589,6 +589,7 @@ class RowDecoder:
         first_seq: int,
         ts_ms: int,
         extra: bytes,
+        pieces: tuple[bytes, ...],
     ) -> list[bytes] | None:
         """The JSON Lines records of a snapshot's op ``r`` events of the rows ``batch``
         (TupleData; with ``from_copy``, COPY's text of them, not parsed into rows), each with its
@@ -596,7 +597,8 @@ class RowDecoder:
         (cdcd._rowjson.snapshot_lines, copy_snapshot_lines), in pieces of about 64 KiB to be
         written one after the other (a record may span two). None where :meth:`row_json`
         would be, for a COPY line of another number of fields, or where a value fails to
-        convert: the caller's per-event path then names it."""
+        convert: the caller's per-event path then names it. ``pieces``: the envelope's constant
+        bytes (cdcd.events.envelope.ROW), which the compiled code splices."""
         make = _c_copy_snapshot_lines if from_copy else _c_snapshot_lines
         if make is None or self._json_codes is None:
             return None
@@ -617,6 +619,7 @@ class RowDecoder:
                 ts_ms,
                 extra,
                 orjson.dumps,
+                pieces,
             )
         except Exception:
             return None
