@@ -61,6 +61,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "cdcd.assembler.assembler",
     "cdcd.events.change_event",
     "cdcd.events.encoder",
+    "cdcd.pipeline.feeding",
     "cdcd.decoder.copy_text",
     "cdcd.sinks.kafka.partition",
     "cdcd.sinks.kafka.recordbatch",

@@ -15,9 +15,10 @@ Begins, inserts, updates, deletes and commits that come in a row are fed in one 
 (``Assembler.feed_run``): the changes of a large transaction that the assembler keeps in compact
 form undecoded (decoded once, when the transaction is released), the rest decoded and fed; the
 call returns at each transaction (or part) released. Every other message (Relation, Type,
-logical messages, streaming and two-phase ones, Origin) goes through the loop here, one by one,
-as does a streamed change whose row JSON the reader renders before feeding it (docs/assembler.md,
-"Rendering streamed changes"). Type messages go to the catalog's type registry from here.
+logical messages, streaming and two-phase ones, Origin) goes through the loop here, one by one.
+When some sink writes JSON, the run is :func:`~cdcd.pipeline.feeding.feed_rendering`'s, which
+renders streamed changes as they arrive (docs/assembler.md, "Rendering streamed changes"). Type
+messages go to the catalog's type registry from here.
 
 A regular transaction is handed to the writer in parts while it arrives (docs/assembler.md,
 "Parts"); the handover decides when, and what to put of each part after a reconnect. The last
@@ -40,6 +41,7 @@ from cdcd.decoder.pgoutput import PgOutputDecoder
 from cdcd.errors import SpillError
 from cdcd.events.encoder import Encoder
 from cdcd.lsn import format_lsn
+from cdcd.pipeline.feeding import feed_rendering
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.pipeline.stream import Drop, Endpos, Handover, Put
 from cdcd.pipeline.writer import Writer
@@ -148,9 +150,15 @@ class Reader:
                     # where feeding releases a transaction or a part of one (docs/assembler.md,
                     # "Parts")
                     try:
-                        run, nbytes, wal_end, txn = assembler.feed_run(
-                            batch, position, decoder.decode, decoder.in_stream, renderer is not None
-                        )
+                        if renderer is None:
+                            run, nbytes, wal_end, txn = assembler.feed_run(
+                                batch, position, decoder.decode, decoder.in_stream
+                            )
+                        else:  # streamed changes rendered as they arrive (docs/assembler.md)
+                            run, nbytes, wal_end, txn = feed_rendering(
+                                assembler, renderer, batch, position, decoder.decode,
+                                decoder.in_stream,
+                            )  # fmt: skip
                     except OSError as exc:
                         raise self._spill_error(exc) from exc
                     cap: int | None = None
@@ -165,17 +173,6 @@ class Reader:
                         stats.received_bytes += len(data)
                         if wal_end > streamed:
                             streamed = wal_end
-                        if renderer is not None and decoder.in_stream:
-                            rel = assembler.undecoded_relation(data, lsn, streamed=True)
-                            if rel is not None:  # rendered as it arrives (docs/assembler.md)
-                                rendered = renderer.render(data, rel)
-                                try:
-                                    assembler.feed_undecoded(
-                                        data, lsn, streamed=True, rendered=rendered
-                                    )
-                                except OSError as exc:
-                                    raise self._spill_error(exc) from exc
-                                continue
                         msg = decoder.decode(data, lsn)
                         kind = type(msg)
                         if kind is ev.Message and msg.prefix in PREFIXES:  # type: ignore[union-attr]

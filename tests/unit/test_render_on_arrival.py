@@ -29,6 +29,7 @@ from cdcd.decoder.tuples import build_tuple
 from cdcd.errors import RemoteProtocolError
 from cdcd.events.catalog import StaticCatalog
 from cdcd.events.encoder import Encoder
+from cdcd.pipeline.feeding import feed_rendering
 from tests.unit.sink_fixtures import CONTEXT
 
 XID = 900
@@ -237,3 +238,31 @@ def test_feed_run_leaves_changes_to_render_to_the_caller(renders: bool) -> None:
             second, 0x1020, streamed=True, rendered=encoder().render(second, rel)
         )
         assert asm.rendered == 1
+
+
+def test_feed_rendering_renders_the_run_as_the_reader_feeds_it() -> None:
+    """cdcd.pipeline.feeding.feed_rendering: one call takes the whole run, every change after
+    the first (the transaction is then in spill format) rendered; the events are the same."""
+    changes = [FIRST] + [data for data, renders in CASES.values() if renders]
+    batch: list[Any] = [(0x1010 + i, 0x1010 + i, 0, data) for i, data in enumerate(changes)]
+
+    def decode(data: bytes, lsn: int) -> PgOutputMessage:
+        return decode_change(data, lsn, streamed=True)
+
+    def released(enc: Encoder | None) -> list[bytes]:
+        asm = Assembler(compact_bytes=0)
+        for rel in (KEYED, KEYLESS):
+            asm.feed(rel, 0x1000)
+        asm.feed(StreamStart(XID, True), 0x1000)
+        if enc is None:
+            run = asm.feed_run(batch, 0, decode, True)
+        else:
+            run = feed_rendering(asm, enc, batch, 0, decode, True)
+        assert run == (len(batch), sum(map(len, changes)), batch[-1][1], None)
+        assert asm.rendered == (0 if enc is None else len(changes) - 1)
+        asm.feed(StreamStop(), 0x2000)
+        txn = asm.feed(StreamCommit(XID, 0, 0x2010, 0x2018, 1_000_000), 0x2010)
+        assert txn is not None
+        return [e.record_json() for e in (enc or encoder()).events(txn)]
+
+    assert released(encoder()) == released(None)
