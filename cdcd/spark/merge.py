@@ -14,6 +14,13 @@ row's newest event; with ``tombstones=True`` also ``_cdc_deleted``):
    again), a new key is inserted unless deleted; with a truncate in the batch,
    ``WHEN NOT MATCHED BY SOURCE`` deletes every row older than the truncate.
 
+What a batch costs is what the MERGE rewrites and scans, so only the rows the batch changes
+go into it (a replayed batch changes none and runs no MERGE), and with integral keys both the
+read of step 1 and the MERGE's target side are bounded to the batch's key range (data
+skipping: files and row groups outside it are not read). A Delta table with deletion vectors
+(``delta.enableDeletionVectors``, set by :func:`cdcd.spark.tables.prepare_table`) marks the
+replaced rows instead of copying every other row of the files they sit in.
+
 The statement is the same for Delta Lake and Iceberg (``WHEN NOT MATCHED BY SOURCE`` needs
 Iceberg 1.5+); the suite runs it on the versions of :data:`cdcd.spark.session.PACKAGES`.
 :mod:`cdcd.spark.tables` creates and evolves the target and always keeps tombstones.
@@ -26,7 +33,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, StructType
+from pyspark.sql.types import ByteType, DataType, IntegerType, LongType, ShortType, StructType
 
 from cdcd.spark.columns import (
     COMMIT_LSN,
@@ -51,6 +58,11 @@ def _newer(a: str, b: str) -> str:
     )
 
 
+#: A key range: the first key column and the smallest and largest value a batch touches.
+KeyRange = tuple[str, int, int]
+_INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+
+
 def merge_sql(
     target: str,
     source: str,
@@ -58,13 +70,19 @@ def merge_sql(
     columns: Sequence[str],
     truncate: tuple[int, int] | None = None,
     tombstones: bool = False,
+    key_range: KeyRange | None = None,
 ) -> str:
     """The ``MERGE INTO`` statement applying the rows of the view ``source`` (an
-    :func:`~cdcd.spark.state.apply_changes` result) to the table ``target``."""
+    :func:`~cdcd.spark.state.apply_changes` result) to the table ``target``. ``key_range``
+    (every source row's key within it) bounds the target side of the join; it is left out
+    with a truncate, whose ``WHEN NOT MATCHED BY SOURCE`` must see every row."""
     if not keys:
         raise ValueError("MERGE needs key columns (the table has no key)")
     written = [*columns, COMMIT_LSN, SEQ, *([DELETED] if tombstones else [])]
     on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in keys)
+    if key_range is not None and truncate is None:
+        name, low, high = key_range
+        on += f" AND t.{_q(name)} BETWEEN {int(low)} AND {int(high)}"
     assign = ", ".join(f"t.{_q(c)} = s.{_q(c)}" for c in written)
     names = ", ".join(_q(c) for c in written)
     values = ", ".join(f"s.{_q(c)}" for c in written)
@@ -100,31 +118,53 @@ def key_values(events: DataFrame, keys: list[str], types: dict[str, DataType]) -
     return found
 
 
+#: up to this many keys a batch's keys are broadcast to the read of the target's rows
+BROADCAST_KEYS = 100_000
+
+
+def _touched(touched: DataFrame, keys: Sequence[str]) -> tuple[int, KeyRange | None]:
+    """How many keys ``touched`` holds and the range of the first key column, when integral."""
+    integral = isinstance(touched.schema[keys[0]].dataType, _INTEGRAL)
+    bounds = (F.min(keys[0]), F.max(keys[0])) if integral else (F.lit(None), F.lit(None))
+    count, low, high = touched.agg(F.count(F.lit(1)), *bounds).collect()[0]
+    return int(count), (None if low is None else (keys[0], int(low), int(high)))
+
+
 def merge_source(
     spark: SparkSession,
     events: DataFrame,
     target: str,
     key_columns: Sequence[str] | None = None,
     tombstones: bool = False,
-) -> tuple[DataFrame, list[str], list[str], tuple[int, int] | None]:
-    """The rows to merge (a DataFrame), the key and row columns, and the batch's newest
-    truncate position."""
+) -> tuple[DataFrame, list[str], list[str], tuple[int, int] | None, KeyRange | None]:
+    """The rows to merge (a DataFrame: only those the batch changes), the key and row
+    columns, the batch's newest truncate position and the range of its keys."""
     keys = list(default_key_columns(events) if key_columns is None else key_columns)
+    if not keys:
+        raise ValueError("MERGE needs key columns (the table has no key)")
     types = {f.name: f.dataType for f in row_type(events).fields}
     columns = list(types)
     current = spark.table(target)
     if not tombstones:
         current = current.withColumn(DELETED, F.lit(False))
-    touched = key_values(events, keys, types).distinct()
-    held = current.join(touched, on=keys, how="left_semi")
+    touched = key_values(events, keys, types).distinct().localCheckpoint()
+    count, bounds = _touched(touched, keys)
+    if bounds is not None:
+        current = current.where(F.col(bounds[0]).between(bounds[1], bounds[2]))
+    if count <= BROADCAST_KEYS:
+        touched = F.broadcast(touched)
+    held = current.join(touched, on=keys, how="left_semi").localCheckpoint()
     rows = apply_changes(held, events, keys)
+    # a key whose newest position is the one the table holds is unchanged: nothing to write
+    position = [*keys, COMMIT_LSN, SEQ]
+    rows = rows.join(held.select(*position), on=position, how="left_anti")
     cut = (
         events.where(F.col("op") == "t")
         .agg(F.max(F.struct("source.commit_lsn", "source.seq")).alias("p"))
         .collect()[0]["p"]
     )
     truncate = (int(cut[0]), int(cut[1])) if cut is not None else None
-    return rows, keys, columns, truncate
+    return rows, keys, columns, truncate, bounds
 
 
 def merge_changes(
@@ -133,15 +173,32 @@ def merge_changes(
     target: str,
     key_columns: Sequence[str] | None = None,
     tombstones: bool = False,
-) -> str:
+    into_empty: bool = False,
+) -> str | None:
     """Apply one batch of ``events`` to the table ``target`` with ``MERGE INTO``; returns the
-    statement that ran."""
+    statement that ran, or None when the batch changes nothing (a replay). ``into_empty``:
+    the table is empty (just created), so the rows are appended instead, sorted by key into
+    files of disjoint key ranges, which later batches' key ranges skip."""
     events = events.localCheckpoint()
-    rows, keys, columns, truncate = merge_source(spark, events, target, key_columns, tombstones)
+    rows, keys, columns, truncate, bounds = merge_source(
+        spark, events, target, key_columns, tombstones
+    )
+    rows = rows.localCheckpoint()
+    if truncate is None and rows.isEmpty():
+        return None
     view = f"cdcd_merge_{uuid.uuid4().hex[:12]}"
-    rows.localCheckpoint().createOrReplaceTempView(view)
+    if into_empty:
+        if not tombstones:
+            rows = rows.where(~F.col(DELETED))
+        rows = rows.repartitionByRange(*keys).sortWithinPartitions(*keys)
+    rows.createOrReplaceTempView(view)
     try:
-        sql = merge_sql(target, view, keys, columns, truncate, tombstones)
+        if into_empty:
+            written = ", ".join(_q(c) for c in (*columns, COMMIT_LSN, SEQ))
+            written += f", {DELETED}" if tombstones else ""
+            sql = f"INSERT INTO {target} ({written}) SELECT {written} FROM {view}"
+        else:
+            sql = merge_sql(target, view, keys, columns, truncate, tombstones, bounds)
         spark.sql(sql)
     finally:
         spark.catalog.dropTempView(view)

@@ -72,6 +72,12 @@ _MISSING = (
 )
 
 
+#: Table properties of a Delta table that cdcd creates (docs/spark.md "The target table"): a
+#: widening retype is applied in place; a MERGE marks the rows it replaces in deletion vectors
+#: instead of rewriting every file that holds one (readers need Delta 2.3+).
+DELTA_PROPERTIES = {"delta.enableTypeWidening": "true", "delta.enableDeletionVectors": "true"}
+
+
 class SchemaChangeError(ValueError):
     """A column's type changed in a way the target table cannot follow in place."""
 
@@ -134,9 +140,9 @@ def prepare_table(
     format: str = "delta",
     label: str | None = None,
     scd2: bool = False,
-) -> None:
+) -> bool:
     """Create ``target`` for the events' columns, or bring its columns up to them (the
-    module's rules). ``label`` names the source table in errors (default: the events').
+    module's rules); True when it was created (it is empty). ``label`` names the source table in errors (default: the events').
     ``scd2``: a type 2 table (:mod:`cdcd.spark.scd2`); an existing table must be of that kind."""
     row = row_type(events)
     table = read_table(spark, target)
@@ -147,13 +153,17 @@ def prepare_table(
         else:
             columns += [f"{COMMIT_LSN} bigint", f"{SEQ} bigint", f"{DELETED} boolean"]
         properties = (
-            " TBLPROPERTIES ('delta.enableTypeWidening' = 'true')" if format == "delta" else ""
+            " TBLPROPERTIES ("
+            + ", ".join(f"'{k}' = '{v}'" for k, v in DELTA_PROPERTIES.items())
+            + ")"
+            if format == "delta"
+            else ""
         )
         spark.sql(
             f"CREATE TABLE IF NOT EXISTS {target} ({', '.join(columns)}) USING {format}"
             + properties
         )
-        return
+        return True
     have = {f.name: f.dataType for f in table.schema.fields}
     if (START_AT in have) != scd2:
         kind, other = ("a type 2", "1") if START_AT in have else ("a type 1", "2")
@@ -179,6 +189,7 @@ def prepare_table(
     if missing:
         added = ", ".join(_ddl(f.name, f.dataType) for f in missing)
         spark.sql(f"ALTER TABLE {target} ADD COLUMNS ({added})")
+    return False
 
 
 def _label(events: DataFrame) -> str:
@@ -240,11 +251,11 @@ def apply_to_table(
         raise AutoCdcError(f"{label or _label(events)}: {exc}") from None
     if columns != available:
         events = narrow(events, columns)
-    prepare_table(spark, target, events, format, label, cdc.scd2)
+    created = prepare_table(spark, target, events, format, label, cdc.scd2)
     if cdc.scd2:
         merge_scd2(spark, events, target, keys, tracked)
     elif keys:
-        merge_changes(spark, events, target, keys, tombstones=True)
+        merge_changes(spark, events, target, keys, tombstones=True, into_empty=created)
     else:  # a multiset (cdcd.spark.keyless): the whole table, rewritten in one commit
         current = spark.table(target)
         state = apply_changes(current, events, []).localCheckpoint()
