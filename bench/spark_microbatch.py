@@ -17,13 +17,14 @@ pinned Delta Lake (:func:`cdcd.spark.session.session`):
 
 ``--scd-type 2`` writes a type 2 table (AUTO CDC's ``stored_as_scd_type=2``: every version
 kept, :mod:`cdcd.spark.scd2`) instead. Prints one JSON object with the seconds and the ratios
-to the rebuild.
+to the rebuild, and the load averages at the start and the end (the machine may be shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -128,6 +129,7 @@ def main() -> None:
     from cdcd.spark.sources import event_schema, events_from_files
     from cdcd.spark.tables import apply_to_table, table_ref, table_rows
 
+    load_start = os.getloadavg()
     spark = session("cdcd-bench", master="local[2]", memory=args.memory, partitions=8)
     work = Path(tempfile.mkdtemp(prefix="cdcd-spark-bench-"))
 
@@ -175,6 +177,8 @@ def main() -> None:
             "random_batch_s": round(random_batch, 2),
             "random_ratio": round(random_batch / full, 3),
             "state_rows": state.count(),
+            "loadavg_start": [round(x, 2) for x in load_start],
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         }
         print(json.dumps(result, indent=2))
     finally:
