@@ -176,7 +176,8 @@ def _record(prev: int | None, transactional: bool) -> bytes:
     source[_EXTRA_KEY] = None
     txn = transaction_block(_TXID, _TOTAL, _DCO) if transactional else None
     value = row_value(_BEFORE, _AFTER, source, _OP, _TS, txn)
-    return orjson.dumps({**value, "key": _KEY})
+    record: bytes = orjson.dumps({**value, "key": _KEY})  # typed: mypyc may lack orjson's stubs
+    return record
 
 
 def _cut(record: bytes, *markers: bytes) -> list[bytes]:
@@ -194,11 +195,12 @@ def _cut(record: bytes, *markers: bytes) -> list[bytes]:
 
 
 def _quoted(value: Any) -> bytes:
-    return orjson.dumps(value)
+    quoted: bytes = orjson.dumps(value)
+    return quoted
 
 
 def _inner(value: str) -> bytes:
-    return orjson.dumps(value)[1:-1]
+    return _quoted(value)[1:-1]
 
 
 def _inner_int(value: int) -> bytes:
