@@ -375,13 +375,17 @@ def _shared_fields(keys: list[tuple[Any, Any, str]]) -> dict[str, list[Any]]:
         "commit_lsn": [t.commit_lsn for t in txns],
         "origin": [t.origin for t in txns],
     }
+    # commit_lsn is the transaction's, set per event by the envelope (source_block): the base
+    # leaves it out, as a streamed transaction's events are rendered before its commit
     reference = txns[0].source_base(rels[0], keys[0][2])
     if set(reference) - _PER_EVENT <= fields.keys() and all(
-        reference.get(name) == values[0] for name, values in fields.items()
+        reference.get(name) == values[0] for name, values in fields.items() if name != "commit_lsn"
     ):
         return fields
     bases = [txn.source_base(rel, snapshot) for txn, rel, snapshot in keys]
-    return {name: [b.get(name) for b in bases] for name in reference if name not in _PER_EVENT}
+    shared = {name: [b.get(name) for b in bases] for name in reference if name not in _PER_EVENT}
+    shared["commit_lsn"] = fields["commit_lsn"]
+    return shared
 
 
 class ColumnBuilder:
