@@ -171,8 +171,14 @@ def _scenario(pg_db: PgDatabase, tmp_path: Path, rows: int, cfg: Path) -> Run:
     rng = random.Random(1313)
 
     def watch(proc: Any, until: Any, what: str, timeout: float = 120) -> None:
+        """Wait for ``until``; fail after ``timeout`` seconds without progress (a loaded
+        machine may be slow, but a snapshot that stops reading rows is a failure)."""
         deadline = time.monotonic() + timeout
+        seen = _rows_done(tmp_path)
         while not until():
+            now = _rows_done(tmp_path)
+            if now != seen:
+                seen, deadline = now, time.monotonic() + timeout
             lsn = pg_db.fetchval(
                 "SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
                 "WHERE slot_name = 'cdcd_e2e'"
