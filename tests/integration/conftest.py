@@ -1,4 +1,7 @@
-"""Fixtures for integration tests that need Apache Kafka (see tests/kafkaharness.py)."""
+"""Fixtures for integration tests that need Apache Kafka (see tests/kafkaharness.py) or Spark
+(tests/sparkutil.py: registered here, once, so that every module shares the one session; a
+fixture imported into several test modules is a separate fixture in each, and a second
+``getOrCreate`` would change the shared session's settings under the first one's catalogs)."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.kafkaharness import KafkaBroker
+from tests.sparkutil import connect_server, spark  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ TOAST values, a delete, a key change, a truncate and replays; history tracked on
 only (through the command line's stream job); ``column_list`` / ``except_column_list``.
 """
 
-# ruff: noqa: F811  (fixtures are imported, then used as parameters)
 from __future__ import annotations
 
 import datetime as dt
@@ -14,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.sparkutil import (  # noqa: F401
+from tests.sparkutil import (
     UNAVAILABLE,
     change_event,
     key_change,
-    spark,
     write_jsonl,
     write_schema_file,
 )

@@ -6,7 +6,6 @@ The jobs use DataFrame APIs only (no SparkContext, RDD or py4j): the module belo
 too, by source.
 """
 
-# ruff: noqa: F811  (the fixture is imported, then used as a parameter)
 from __future__ import annotations
 
 import os
@@ -16,8 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.sparkutil import connect_server  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 

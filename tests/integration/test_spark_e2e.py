@@ -41,7 +41,6 @@ from tests.integration.test_s3_crash import s3  # noqa: F401
 from tests.kafkaharness import KafkaBroker
 from tests.pgharness import PgDatabase
 from tests.s3harness import S3Store
-from tests.sparkutil import spark  # noqa: F401
 
 pytest.importorskip("pyspark")
 

@@ -11,7 +11,6 @@ what real cdcd writes from a real PostgreSQL are in
 ``test_spark_jobs.py``.
 """
 
-# ruff: noqa: F811  (fixtures are imported, then used as parameters)
 from __future__ import annotations
 
 import datetime as dt
@@ -24,11 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests.sparkutil import (  # noqa: F401
+from tests.sparkutil import (
     UNAVAILABLE,
     change_event,
     key_change,
-    spark,
     write_jsonl,
     write_schema_file,
 )

@@ -21,7 +21,6 @@ topics into Delta Lake with Spark's Kafka source, in two parts (the query restar
 checkpoint).
 """
 
-# ruff: noqa: F811  (the ``spark`` fixture is imported, then used as a parameter)
 from __future__ import annotations
 
 import os
@@ -40,7 +39,6 @@ from tests.e2e import data_files, normalize, read_events, run_cdcd, write_config
 from tests.kafkaharness import KafkaBroker
 from tests.pgharness import PgDatabase, PgInstall, create_database, find_installations
 from tests.s3harness import S3Store, launch_s3
-from tests.sparkutil import spark  # noqa: F401
 
 pytest.importorskip("pyspark")
 

@@ -2,7 +2,6 @@
 such a restart once the batch is done, SPARK-55271: :mod:`cdcd.spark.streaming` works around it).
 """
 
-# ruff: noqa: F811  (the ``spark`` fixture is imported, then used as a parameter)
 from __future__ import annotations
 
 import os
@@ -13,7 +12,7 @@ import orjson
 import pytest
 
 from tests.kafkaharness import KafkaBroker
-from tests.sparkutil import change_event, spark  # noqa: F401
+from tests.sparkutil import change_event
 
 pytest.importorskip("pyspark")
 
