@@ -57,6 +57,7 @@ from cdcd.errors import TransientSinkError
 from cdcd.events.catalog import schema_name
 from cdcd.events.change_event import ChangeEvent
 from cdcd.events.encoder import Encoder, EventCursor
+from cdcd.events.snapshot_run import SnapshotRun
 from cdcd.pipeline.progress import ProgressTracker
 from cdcd.sinks.base import Sink
 from cdcd.sinks.retry import retrying
@@ -509,6 +510,11 @@ class Writer:
             spent += time.perf_counter() - t0
             if window.advance(i):
                 self._progress.set()
+            if kind == _WRITE and type(payload) in _SNAPSHOT_BATCHES:
+                # let the loop read between a snapshot chunk's batches: rendered in one go, a
+                # chunk held the loop long enough for the server's COPY of the next chunk to
+                # fill the socket and wait (docs/snapshots.md, "Backfill speed")
+                await asyncio.sleep(0)
             if kind in (_COMMIT, _WHOLE):
                 # per transaction (of a run: its mean)
                 stats.write_seconds.observe_many(spent / handed, handed)
@@ -592,3 +598,7 @@ class _SnapshotRecords(Sequence[ChangeRecord]):
         if isinstance(index, slice):
             return [self._record(row) for row in self.rows[index]]
         return self._record(self.rows[index])
+
+
+#: the batches of a snapshot chunk's rows (the sink task yields to the loop after each)
+_SNAPSHOT_BATCHES = frozenset({SnapshotRun, _SnapshotRecords})

@@ -65,6 +65,9 @@ _LOG_EVERY = 5.0
 _FIRST_CHUNK_ROWS = 2048
 #: seconds between looks at whether the table was altered
 DESCRIBE_EVERY = 2.0
+#: rows per batch of a chunk (about one socket read of COPY's output): the sinks render a batch
+#: at a time and the loop reads the next chunk's COPY between two (docs/snapshots.md)
+_BATCH_ROWS = 1024
 
 #: why a table without a usable key is not snapshotted incrementally, and what to do
 NO_KEY = (
@@ -429,7 +432,7 @@ class _TableReader:
 
                 try:
                     _, count, altered, _ = await read_key_chunk(
-                        conn, table, keys, what.after, what.limit, what.upto, seal
+                        conn, table, keys, what.after, what.limit, what.upto, seal, _BATCH_ROWS
                     )
                 except _ALTERED as exc:  # the key's type too: the last key may not fit it
                     log.info("table changed during its snapshot", table=name, error=str(exc))

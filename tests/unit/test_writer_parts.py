@@ -5,14 +5,22 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
 
 from cdcd.assembler.assembler import Assembler
 from cdcd.assembler.transaction import Transaction
+from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.events import Begin, Commit, Delete, Insert, TupleData, Update
+from cdcd.events.change_event import ChangeEvent
 from cdcd.pipeline.progress import ProgressTracker
-from cdcd.pipeline.writer import Writer
+from cdcd.pipeline.writer import _WHOLE_CHANGES, Writer
 from cdcd.sinks.memory import MemorySink
 from cdcd.sinks.null import NullSink
+from cdcd.snapshot.watermarks import snapshot_transaction
 from cdcd.stats import Stats
 from tests.unit.sink_fixtures import CONTEXT, encoder
 from tests.unit.test_assembler import OID_A, OID_B, relation
@@ -160,3 +168,60 @@ async def test_a_transient_failure_in_a_small_transaction_retries_that_call_only
     assert sink.transactions == [(7, 0x900000, 0x900008, events)]
     assert writer._stats.sinks[0].retries == 3
     assert not failing
+
+
+class _LoggingSink(MemorySink):
+    """A memory sink that notes each write in ``log``."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(MemorySink.Config(), CONTEXT)
+        self.log = log
+
+    async def write(self, events: Sequence[ChangeEvent]) -> None:
+        self.log.append("write")
+        await super().write(events)
+
+
+@pytest.mark.parametrize("sink_type", ["events", "null"])
+async def test_loop_runs_between_a_snapshot_chunks_batches(sink_type: str) -> None:
+    """A backfill chunk's batches are written one loop turn apart: rendered in one go, they
+    held the loop while the next chunk's COPY waited to be read (docs/snapshots.md)."""
+    log: list[str] = []
+    rel = relation(OID_A)
+    n = _WHOLE_CHANGES // 2  # a chunk larger than the writer's runs of small transactions
+    batches = [
+        CopyBatch(b"\n".join(b"%d\tx" % (n * b + i) for i in range(n)), n, 2) for b in range(3)
+    ]
+    txn = snapshot_transaction(
+        rel, list(batches), 3 * n, commit_lsn=0x900000, end_lsn=0x900008, commit_time=1, mem_bytes=0
+    )
+    sink: Any
+    if sink_type == "events":
+        sink = _LoggingSink(log)
+    else:
+        sink = NullSink(NullSink.Config(), CONTEXT)
+        counted = sink.write_changes
+
+        async def write_changes(records: Any) -> None:
+            log.append("write")
+            await counted(records)
+
+        sink.write_changes = write_changes
+    ticking = True
+
+    async def tick() -> None:
+        while ticking:
+            log.append("tick")
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    try:
+        await write_all([sink], [txn])
+    finally:
+        ticking = False
+        await ticker
+    writes = [i for i, entry in enumerate(log) if entry == "write"]
+    assert len(writes) == 3
+    assert all("tick" in log[a:b] for a, b in itertools.pairwise(writes))
+    if sink_type == "events":
+        assert [v["after"]["id"] for v in sink.values] == [str(i) for i in range(3 * n)]
