@@ -37,7 +37,6 @@ from cdcd.snapshot.chunk_size import ChunkSizer
 from cdcd.snapshot.state import Done, IncrementalState, Ledger
 from cdcd.snapshot.watermarks import WATERMARK, Chunk, ChunkResult, Watermarks, parse_snapshot
 from cdcd.snapshot.workers import Control, Slot, Workers
-from cdcd.source.queries import emit_message
 from cdcd.source.snapshot import (
     SnapshotTable,
     key_problem,
@@ -415,7 +414,6 @@ class _TableReader:
             watermarks.arm(chunk)
             armed = True
             try:
-                await _watermark(conn, chunk.id, "low")
 
                 def seal(
                     batches: list[CopyBatch],
@@ -432,7 +430,15 @@ class _TableReader:
 
                 try:
                     _, count, altered, _ = await read_key_chunk(
-                        conn, table, keys, what.after, what.limit, what.upto, seal, _BATCH_ROWS
+                        conn,
+                        table,
+                        keys,
+                        what.after,
+                        what.limit,
+                        what.upto,
+                        seal,
+                        _BATCH_ROWS,
+                        low=(WATERMARK, json.dumps({"id": chunk.id, "mark": "low"})),
                     )
                 except _ALTERED as exc:  # the key's type too: the last key may not fit it
                     log.info("table changed during its snapshot", table=name, error=str(exc))
@@ -477,8 +483,3 @@ def _key_values(chunk: Chunk, row: TupleData) -> tuple[bytes | None, ...]:
     key = chunk.key_of(chunk.relation, row)
     assert key is not None  # a primary key is never null
     return key
-
-
-async def _watermark(conn: Any, chunk_id: str, mark: str) -> None:
-    content = json.dumps({"id": chunk_id, "mark": mark})
-    await emit_message(conn, WATERMARK, content, "incremental snapshot watermark")

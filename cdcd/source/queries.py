@@ -97,13 +97,19 @@ async def emit_message(conn: Any, prefix: str, content: str, what: str) -> str:
                 "SELECT pg_logical_emit_message(true, $1, $2)::text", prefix, content
             )
         )
-    except asyncpg.InsufficientPrivilegeError as exc:
-        raise DefiniteSourceError(
-            f"{what}: {exc}; it writes a logical message: GRANT EXECUTE ON FUNCTION "
-            f"{EMIT_SIGNATURE} TO the role"
-        ) from exc
-    except asyncpg.ReadOnlySQLTransactionError as exc:
-        raise DefiniteSourceError(
+    except (asyncpg.InsufficientPrivilegeError, asyncpg.ReadOnlySQLTransactionError) as exc:
+        raise emit_refused(exc, what) from exc
+
+
+def emit_refused(exc: Exception, what: str) -> DefiniteSourceError:
+    """What to say when writing a logical message failed with ``exc``: a role without EXECUTE
+    (InsufficientPrivilegeError) or a standby (ReadOnlySQLTransactionError)."""
+    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+        return DefiniteSourceError(
             f"{what}: {exc}; logical messages are written to the WAL, which a standby cannot "
             "do: this needs the primary"
-        ) from exc
+        )
+    return DefiniteSourceError(
+        f"{what}: {exc}; it writes a logical message: GRANT EXECUTE ON FUNCTION "
+        f"{EMIT_SIGNATURE} TO the role"
+    )

@@ -49,6 +49,7 @@ import asyncpg
 from cdcd.decoder.copy_batch import CopyBatch
 from cdcd.decoder.events import KIND_NULL, KIND_TEXT, Column, Relation, TupleData
 from cdcd.source.copy import copy_batches
+from cdcd.source.queries import emit_refused
 from cdcd.wire.frontend import quote_ident, quote_literal
 
 _TABLES_SQL = """
@@ -500,6 +501,7 @@ async def read_key_chunk(
     upto: list[str] | None = None,
     seal: Callable[[list[CopyBatch], int, str, int], tuple[str, str]] | None = None,
     batch_size: int = 5000,
+    low: tuple[str, str] | None = None,
 ) -> tuple[list[CopyBatch], int, bool, int]:
     """A chunk of an incremental snapshot (:func:`chunk_sql`), read with COPY (docs/snapshots.md:
     faster than a SELECT): its rows in batches of about ``batch_size`` left as COPY's text
@@ -511,7 +513,9 @@ async def read_key_chunk(
     watermarks drop rows of transactions it does not see, :mod:`cdcd.snapshot.watermarks`),
     returns a logical message ``(prefix, content)`` written in the read's transaction and
     committed with it: the chunk's high watermark, at one round trip and one commit less than a
-    transaction of its own.
+    transaction of its own. ``low``, a logical message ``(prefix, content)`` (the chunk's low
+    watermark), is written and committed first, in the round trip of the BEGIN: one round
+    trip less than a query of its own.
 
     Four round trips: BEGIN with the lock (the lock first, then the snapshot: a table rewrite
     committed while the lock waited would otherwise look empty to an older snapshot), the
@@ -526,12 +530,23 @@ async def read_key_chunk(
         size += batch_bytes
 
     rel = table.relation
-    await conn.execute(
+    begin = (
         "BEGIN ISOLATION LEVEL REPEATABLE READ; "
         f"LOCK TABLE {quote_ident(rel.namespace)}.{quote_ident(rel.name)} IN ACCESS SHARE MODE"
     )
+    if low is not None:  # committed before the read's transaction begins, as if on its own
+        begin = f"BEGIN; {_message_sql(*low)}; COMMIT; {begin}"
     count = 0
     try:
+        try:
+            await conn.execute(begin)
+        except (asyncpg.ReadOnlySQLTransactionError, asyncpg.InsufficientPrivilegeError) as exc:
+            if low is not None and (  # the message's, not the lock's
+                isinstance(exc, asyncpg.ReadOnlySQLTransactionError)
+                or "pg_logical_emit_message" in str(exc)
+            ):
+                raise emit_refused(exc, "incremental snapshot watermark") from exc
+            raise
         snapshot, shape = await conn.fetchrow(_SNAPSHOT_SHAPE_SQL, rel.oid)
         # a subset: a publication's column list may leave columns out
         altered = not set(relation_shape(rel)) <= set(shape)
@@ -544,17 +559,20 @@ async def read_key_chunk(
         if mark is None:
             await conn.execute("COMMIT")
         else:
-            prefix, content = mark
-            await conn.execute(
-                f"SELECT pg_logical_emit_message(true, {quote_literal(prefix)}, "
-                f"{quote_literal(content)}); COMMIT"
-            )
+            await conn.execute(f"{_message_sql(*mark)}; COMMIT")
     except Exception:
         if not conn.is_closed() and conn.is_in_transaction():
             with contextlib.suppress(Exception):  # a lost connection: closed by the caller
                 await conn.execute("ROLLBACK")
         raise
     return batches, count, altered, size
+
+
+def _message_sql(prefix: str, content: str) -> str:
+    """A statement that writes a transactional logical message."""
+    return (
+        f"SELECT pg_logical_emit_message(true, {quote_literal(prefix)}, {quote_literal(content)})"
+    )
 
 
 _SNAPSHOT_SHAPE_SQL = """
