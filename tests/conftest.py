@@ -9,12 +9,12 @@ with its replication slots and prepared transactions.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from tests.e2e import thorough
 from tests.pgharness import (
     PgCluster,
     PgDatabase,
@@ -41,17 +41,20 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-def all_versions() -> bool:
-    """Whether ``CDCD_TEST_ALL_VERSIONS=1`` (or the older ``CDCD_TEST_ALL_CRASH=1``) asks for
-    the ``slow`` tests on every PostgreSQL version."""
-    return "1" in (os.environ.get("CDCD_TEST_ALL_VERSIONS"), os.environ.get("CDCD_TEST_ALL_CRASH"))
+def _newest_only(item: pytest.Item) -> bool:
+    """Tests marked ``slow`` (crash loops, million-row runs, memory peaks) or
+    ``version_independent`` (what they prove does not differ between server versions: the
+    sinks, Kafka, S3, Spark, the CLI, HTTP, metrics, shutdown, the snapshots' own logic)."""
+    return any(item.get_closest_marker(m) is not None for m in ("slow", "version_independent"))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` (crash loops, million-row runs, memory peaks: none of them about
-    what differs between versions) run on the newest PostgreSQL only, unless
-    :func:`all_versions`. Skipped here, before any fixture: no server starts for them.
+    """Tests that :func:`_newest_only` selects run on the newest PostgreSQL only, unless
+    ``CDCD_TEST_ALL_VERSIONS=1`` (:func:`tests.e2e.thorough`). Skipped here, before any
+    fixture: no server starts for them. The tests of what differs between versions (protocol
+    versions, streaming, two-phase, origins, binary, messages, publication features, slots,
+    failover, type output) carry neither mark: every version (docs/testing.md).
 
     The ``slow`` and ``spark`` tests that do run go first (after pytest's grouping by version,
     hence ``trylast``): pytest-xdist hands tests out in this order, so the two workers start
@@ -59,18 +62,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     other's Spark job or wheel build."""
     newest = _INSTALLS[0]
     skip = pytest.mark.skip(
-        reason=f"slow: on PostgreSQL {newest.major if newest else '?'} only "
+        reason=f"newest PostgreSQL ({newest.major if newest else '?'}) only "
         "(CDCD_TEST_ALL_VERSIONS=1: all)"
     )
     first, rest = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
         install = callspec.params.get("pg_install", newest) if callspec is not None else newest
-        slow = item.get_closest_marker("slow") is not None
-        if slow and install != newest and not all_versions():
+        if install != newest and _newest_only(item) and not thorough():
             item.add_marker(skip)
             rest.append(item)
-        elif slow or item.get_closest_marker("spark") is not None:
+        elif item.get_closest_marker("slow") or item.get_closest_marker("spark"):
             first.append(item)
         else:
             rest.append(item)

@@ -18,6 +18,12 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
+def thorough() -> bool:
+    """``CDCD_TEST_ALL_VERSIONS=1`` (or the older ``CDCD_TEST_ALL_CRASH=1``): every test on
+    every PostgreSQL version (tests/conftest.py) and the crash loops at their full length."""
+    return "1" in (os.environ.get("CDCD_TEST_ALL_VERSIONS"), os.environ.get("CDCD_TEST_ALL_CRASH"))
+
+
 def write_config(
     directory: Path,
     dsn: str,

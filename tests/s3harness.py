@@ -31,17 +31,6 @@ from urllib.parse import urlsplit
 import pyarrow.fs as pafs
 
 
-def skip_unless_newest_pg(major: int, what: str) -> None:
-    """Run a test that does not depend on the PostgreSQL version on the newest one only."""
-    import pytest
-
-    from tests.pgharness import find_installations
-
-    newest = max(i.major for i in find_installations())
-    if major != newest:
-        pytest.skip(f"{what} runs on PostgreSQL {newest} only (it does not depend on the version)")
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -29,8 +29,8 @@ from cdcd.lsn import parse_lsn
 from tests.dockerharness import Engine, Image, build_image, missing_tools, start_engine
 from tests.e2e import assert_no_duplicates, read_events
 from tests.integration.test_crash_safety import wait_for
-from tests.pgharness import PgDatabase, PgInstall
-from tests.s3harness import free_port, skip_unless_newest_pg
+from tests.pgharness import PgDatabase
+from tests.s3harness import free_port
 
 #: the first test waits for the image: debootstrap and the build take minutes on 2 busy cores
 pytestmark = [
@@ -41,13 +41,6 @@ pytestmark = [
 ]
 
 UID = 10001
-
-
-@pytest.fixture(autouse=True)
-def _newest_pg_only(request: pytest.FixtureRequest) -> None:
-    if "pg_install" in request.fixturenames:
-        install: PgInstall = request.getfixturevalue("pg_install")
-        skip_unless_newest_pg(install.major, "the container test")
 
 
 @pytest.fixture(scope="module")

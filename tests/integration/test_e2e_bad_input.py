@@ -137,6 +137,7 @@ def test_wal_level_replica_exits_3(
 
 
 @pytest.mark.pg
+@pytest.mark.version_independent  # cdcd's own check: newest PostgreSQL only (conftest.py)
 def test_missing_slot_without_create_slot_exits_3(pg_db: PgDatabase, tmp_path: Path) -> None:
     cfg = write_config(tmp_path, pg_db.dsn, slot="no_such_slot", create_slot=False)
     proc = run_cdcd("run", "--config", str(cfg), check=False, timeout=60)

@@ -13,7 +13,7 @@ import pytest
 from tests.e2e import REPO, run_cdcd, write_config
 from tests.pgharness import PgDatabase
 
-pytestmark = [pytest.mark.pg, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.pg, pytest.mark.version_independent, pytest.mark.timeout(180)]
 
 
 def install_example(site: Path) -> None:

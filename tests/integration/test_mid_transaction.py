@@ -36,7 +36,7 @@ from tests.integration.test_crash_safety import (
 from tests.pgharness import PgDatabase
 from tests.tcpproxy import TcpProxy
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.version_independent, pytest.mark.timeout(400)]
 
 ROWS = 200_000
 UPDATED = ROWS // 10  # every tenth row updated in the same transaction

@@ -20,7 +20,7 @@ from cdcd.sinks.null import NullSink
 from tests.e2e import run_cdcd, write_config
 from tests.pgharness import PgDatabase
 
-pytestmark = [pytest.mark.pg, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.pg, pytest.mark.version_independent, pytest.mark.timeout(120)]
 
 
 def config(db: PgDatabase, tmp_path: Path, sink: str, slot: str) -> Path:

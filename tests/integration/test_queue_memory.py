@@ -23,7 +23,7 @@ from tests.e2e import run_cdcd, write_config
 from tests.integration.test_crash_kafka import wait_until
 from tests.pgharness import PgDatabase
 
-pytestmark = [pytest.mark.pg, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.pg, pytest.mark.version_independent, pytest.mark.timeout(120)]
 
 TRANSACTIONS = 30
 ROWS = 20

@@ -39,17 +39,10 @@ from tests.e2e import (
     start_cdcd,
     write_config,
 )
-from tests.pgharness import PgDatabase, PgInstall
-from tests.s3harness import FailingProxy, S3Store, launch_s3, skip_unless_newest_pg
+from tests.pgharness import PgDatabase
+from tests.s3harness import FailingProxy, S3Store, launch_s3
 
-pytestmark = [pytest.mark.pg, pytest.mark.xdist_group("s3")]
-
-
-@pytest.fixture(autouse=True)
-def _newest_pg_only(request: pytest.FixtureRequest) -> None:
-    if "pg_install" in request.fixturenames:
-        install: PgInstall = request.getfixturevalue("pg_install")
-        skip_unless_newest_pg(install.major, "the object storage test")
+pytestmark = [pytest.mark.pg, pytest.mark.version_independent, pytest.mark.xdist_group("s3")]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ subprocess, against a real PostgreSQL (or, for the unreachable source, a closed 
 
 Streaming itself (a workload running, the drain, a restart losing and repeating nothing) is
 ``tests/integration/test_service.py::test_sigterm_drains_and_a_restart_loses_and_repeats_nothing``.
-None of this depends on the server version: the newest installed one only.
+None of this depends on the server version: the newest installed one only
+(``version_independent``).
 """
 
 from __future__ import annotations
@@ -28,19 +29,11 @@ import pytest
 import yaml
 
 from tests.e2e import checked_events, start_cdcd, write_config
-from tests.pgharness import PgDatabase, PgInstall, free_port
-from tests.s3harness import skip_unless_newest_pg
+from tests.pgharness import PgDatabase, free_port
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.version_independent, pytest.mark.timeout(180)]
 
 GRACE = 10  # shutdown.grace_period in these tests
-
-
-@pytest.fixture(autouse=True)
-def _newest_pg_only(request: pytest.FixtureRequest) -> None:
-    if "pg_install" in request.fixturenames:
-        install: PgInstall = request.getfixturevalue("pg_install")
-        skip_unless_newest_pg(install.major, "the shutdown test")
 
 
 def _config(

@@ -34,7 +34,7 @@ from tests.integration.test_incremental_snapshot import (
 )
 from tests.pgharness import PgDatabase
 
-pytestmark = [pytest.mark.pg, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.pg, pytest.mark.version_independent, pytest.mark.timeout(180)]
 
 ROWS = 10000
 

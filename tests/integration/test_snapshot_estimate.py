@@ -10,7 +10,7 @@ import pytest
 from cdcd.source.snapshot import published_tables, row_estimate
 from tests.pgharness import PgDatabase
 
-pytestmark = [pytest.mark.pg, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.pg, pytest.mark.version_independent, pytest.mark.timeout(60)]
 
 
 async def test_a_never_analysed_table_is_estimated_from_its_size(pg_db: PgDatabase) -> None:

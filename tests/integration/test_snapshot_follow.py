@@ -28,7 +28,7 @@ from tests.integration.test_incremental_snapshot import (
 )
 from tests.pgharness import PgDatabase
 
-pytestmark = [pytest.mark.pg, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.pg, pytest.mark.version_independent, pytest.mark.timeout(180)]
 
 ROWS = 30000
 #: cdcd.progress_rate.duration: 45s, 3m05s, 2h07m (slowed down, the ETA can be minutes)

@@ -1,7 +1,7 @@
 """The PySpark jobs (:mod:`cdcd.spark`) on real Spark over what real cdcd wrote.
 
-One workload on the newest installed PostgreSQL (the other versions are skipped: the jobs
-read files, not the server) is streamed by ``cdcd run --endpos`` into a JSON Lines and a
+One workload on the newest installed PostgreSQL (``version_independent``: the jobs read
+files, not the server) is streamed by ``cdcd run --endpos`` into a JSON Lines and a
 Parquet file sink. Tables:
 
 * ``orders`` (primary key ``id``; ``note`` stored EXTERNAL so long values are TOASTed):
@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaConsumer
 
 from tests.e2e import data_files, normalize, read_events, run_cdcd, write_config
 from tests.kafkaharness import KafkaBroker
-from tests.pgharness import PgDatabase, PgInstall, create_database, find_installations
+from tests.pgharness import PgDatabase, PgInstall, create_database
 from tests.s3harness import S3Store, launch_s3
 
 pytest.importorskip("pyspark")
@@ -57,7 +57,12 @@ from cdcd.spark import (
 )
 from cdcd.spark import cli as spark_cli
 
-pytestmark = [pytest.mark.pg, pytest.mark.spark, pytest.mark.timeout(400)]
+pytestmark = [
+    pytest.mark.pg,
+    pytest.mark.spark,
+    pytest.mark.version_independent,
+    pytest.mark.timeout(400),
+]
 
 TABLES = {"public.orders": ("id",), "public.items": ("id",), "public.tags": ()}
 BIG = "repeat(md5({}::text), 200)"  # 6400 incompressible-ish characters: TOASTed
@@ -155,9 +160,6 @@ WORKLOAD_SQL = [
 def workload(
     pg_install: PgInstall, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Any:
-    newest = find_installations()[0]
-    if pg_install.major != newest.major:
-        pytest.skip(f"Spark jobs are tested on the newest PostgreSQL only ({newest.id})")
     cluster = request.getfixturevalue("pg_cluster")
     db = create_database(cluster)
     s3 = launch_s3()

@@ -20,15 +20,10 @@ import yaml
 from cdcd.lsn import format_lsn, parse_lsn
 from tests.e2e import start_cdcd, write_config
 from tests.integration.test_crash_safety import wait_for
-from tests.pgharness import PgDatabase, PgInstall
-from tests.s3harness import free_port, skip_unless_newest_pg
+from tests.pgharness import PgDatabase
+from tests.s3harness import free_port
 
-pytestmark = [pytest.mark.pg]
-
-
-@pytest.fixture(autouse=True)
-def _newest_pg_only(pg_install: PgInstall) -> None:
-    skip_unless_newest_pg(pg_install.major, "the status page test")
+pytestmark = [pytest.mark.pg, pytest.mark.version_independent]
 
 
 def get(url: str) -> tuple[int, str]:
