@@ -16,8 +16,9 @@ transactional and non-transactional logical messages and prepared transactions t
 unresolved for a while. It counts what it commits; when a COMMIT's outcome is unknown (the
 server went away), it asks the server (``pg_xact_status``, ``pg_prepared_xacts``).
 
-Marked ``slow``: only the newest installed PostgreSQL runs these by default (they take a while);
-``CDCD_TEST_ALL_VERSIONS=1`` runs them on every version (tests/conftest.py). ``CDCD_CRASH_SEED`` fixes the seed.
+Marked ``slow``: only the newest installed PostgreSQL runs these by default (they take a while),
+and the SIGKILL loop kills 10 times; ``CDCD_TEST_ALL_VERSIONS=1`` runs them on every version
+(tests/conftest.py) and kills 22 times. ``CDCD_CRASH_SEED`` fixes the seed.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from tests.e2e import (
     rebuild,
     run_cdcd,
     start_cdcd,
+    thorough,
     write_config,
 )
 from tests.pgharness import PgCluster, PgDatabase, create_database
@@ -58,6 +60,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 SEED = int(os.environ.get("CDCD_CRASH_SEED", "20241122"))
 SLOT = "cdcd_e2e"
+#: kills of the SIGKILL loop: a few cover startup and streaming; the full count, more moments
+KILLS = 22 if thorough() else 10
 PUBLICATION = "cdcd_e2e_pub"
 TRUTH_SLOT = "crash_truth"
 #: table -> key columns; every table is in the publication
@@ -664,7 +668,7 @@ def test_sigkill_loop_loses_and_doubles_nothing(
     daemon = daemons(cfg, tmp_path / "cdcd.log")
     workload.start()
     try:
-        for kill in range(22):
+        for kill in range(KILLS):
             daemon.start()
             if kill % 2:  # every other kill lands while it streams, not while it starts up
                 daemon.wait_streaming()
