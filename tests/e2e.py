@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import base64
 import os
+import random
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg2
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,6 +26,41 @@ def thorough() -> bool:
     """``CDCD_TEST_ALL_VERSIONS=1`` (or the older ``CDCD_TEST_ALL_CRASH=1``): every test on
     every PostgreSQL version (tests/conftest.py) and the crash loops at their full length."""
     return "1" in (os.environ.get("CDCD_TEST_ALL_VERSIONS"), os.environ.get("CDCD_TEST_ALL_CRASH"))
+
+
+class StatementWorkload(threading.Thread):
+    """Single-statement transactions (autocommit) on one database until :attr:`stop` is set:
+    the background writes of the snapshot tests. A subclass's :meth:`step` runs one statement
+    on ``cur``, choosing with :attr:`rng`; :attr:`done` counts them, :attr:`error` holds what
+    ended the thread early (the test reports it)."""
+
+    #: seconds between statements
+    pause = 0.0
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.done = 0
+        self.error: BaseException | None = None
+
+    def step(self, cur: Any) -> None:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        try:
+            conn = psycopg2.connect(self.dsn)
+            conn.autocommit = True
+            cur = conn.cursor()
+            while not self.stop.is_set():
+                self.step(cur)
+                self.done += 1
+                if self.pause:
+                    time.sleep(self.pause)
+            conn.close()
+        except BaseException as exc:
+            self.error = exc
 
 
 def write_config(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import signal
 import threading
 import time
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from tests.e2e import (
+    StatementWorkload,
     apply_events,
     checked_events,
     comparable,
@@ -39,7 +39,7 @@ CHUNK = 50
 LOG: list[Path] = []  # the daemon's log of the running test
 
 
-class Workload(threading.Thread):
+class Workload(StatementWorkload):
     """Random single-statement transactions on ``t`` until stopped: inserts (inside and past
     the key range), updates, deletes and key changes.
 
@@ -47,42 +47,24 @@ class Workload(threading.Thread):
     never collide: several workloads run at once, and a key change racing an insert of the
     same key would fail with a unique violation."""
 
-    def __init__(self, dsn: str, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn = dsn
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.done = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            conn = psycopg2.connect(self.dsn)
-            conn.autocommit = True
-            cur = conn.cursor()
-            rng = self.rng
-            while not self.stop.is_set():
-                k = rng.randrange(1, ROWS)
-                op = rng.random()
-                if op < 0.3:
-                    cur.execute(
-                        "INSERT INTO t VALUES (%s, %s, 0) ON CONFLICT (id) DO NOTHING",
-                        (rng.randrange(ROWS, 3 * ROWS), "new"),
-                    )
-                elif op < 0.65:
-                    cur.execute("UPDATE t SET v = v || 'u', n = n + 1 WHERE id = %s", (k,))
-                elif op < 0.85:
-                    cur.execute("DELETE FROM t WHERE id = %s", (k,))
-                else:
-                    cur.execute(
-                        "UPDATE t SET id = %s WHERE id = %s AND NOT EXISTS "
-                        "(SELECT 1 FROM t WHERE id = %s)",
-                        (k + ROWS * 3, k, k + ROWS * 3),
-                    )
-                self.done += 1
-            conn.close()
-        except BaseException as exc:
-            self.error = exc
+    def step(self, cur: Any) -> None:
+        rng = self.rng
+        k = rng.randrange(1, ROWS)
+        op = rng.random()
+        if op < 0.3:
+            cur.execute(
+                "INSERT INTO t VALUES (%s, %s, 0) ON CONFLICT (id) DO NOTHING",
+                (rng.randrange(ROWS, 3 * ROWS), "new"),
+            )
+        elif op < 0.65:
+            cur.execute("UPDATE t SET v = v || 'u', n = n + 1 WHERE id = %s", (k,))
+        elif op < 0.85:
+            cur.execute("DELETE FROM t WHERE id = %s", (k,))
+        else:
+            cur.execute(
+                "UPDATE t SET id = %s WHERE id = %s AND NOT EXISTS (SELECT 1 FROM t WHERE id = %s)",
+                (k + ROWS * 3, k, k + ROWS * 3),
+            )
 
 
 def _config(tmp_path: Path, dsn: str, mode: str, **snapshot: Any) -> Path:

@@ -8,18 +8,22 @@ the bound the settings give, and the slot advanced while the rest was read."""
 from __future__ import annotations
 
 import json
-import random
 import signal
-import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 import yaml
 
-from tests.e2e import checked_events, comparable, run_cdcd, start_cdcd, write_config
+from tests.e2e import (
+    StatementWorkload,
+    checked_events,
+    comparable,
+    run_cdcd,
+    start_cdcd,
+    write_config,
+)
 from tests.integration.test_incremental_snapshot import (
     LOG,
     _stopped_once,
@@ -37,49 +41,32 @@ BATCH = 200
 IN_FLIGHT = 2  # snapshot.chunks_in_flight of the incremental part
 
 
-class Workload(threading.Thread):
+class Workload(StatementWorkload):
     """Single-statement transactions on the keyed tables (inserts past their keys, updates,
     deletes, key changes to keys no insert takes) and on the keyless one, until stopped."""
 
-    def __init__(self, dsn: str, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn = dsn
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.done = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            conn = psycopg2.connect(self.dsn)
-            conn.autocommit = True
-            cur = conn.cursor()
-            rng = self.rng
-            while not self.stop.is_set():
-                table, rows = rng.choice(list(TABLES.items()))
-                k = rng.randrange(1, rows)
-                op = rng.random()
-                if op < 0.25:
-                    cur.execute(
-                        f"INSERT INTO {table} VALUES (%s, 'new', 0) ON CONFLICT (id) DO NOTHING",
-                        (rng.randrange(rows, 2 * rows),),
-                    )
-                elif op < 0.55:
-                    cur.execute(f"UPDATE {table} SET v = v || 'u', n = n + 1 WHERE id = %s", (k,))
-                elif op < 0.7:
-                    cur.execute(f"DELETE FROM {table} WHERE id = %s", (k,))
-                elif op < 0.85:
-                    cur.execute(
-                        f"UPDATE {table} SET id = %s WHERE id = %s AND NOT EXISTS "
-                        f"(SELECT 1 FROM {table} WHERE id = %s)",
-                        (k + 3 * rows, k, k + 3 * rows),
-                    )
-                else:
-                    cur.execute("UPDATE keyless SET n = n + 1 WHERE a = %s", (k % KEYLESS,))
-                self.done += 1
-            conn.close()
-        except BaseException as exc:
-            self.error = exc
+    def step(self, cur: Any) -> None:
+        rng = self.rng
+        table, rows = rng.choice(list(TABLES.items()))
+        k = rng.randrange(1, rows)
+        op = rng.random()
+        if op < 0.25:
+            cur.execute(
+                f"INSERT INTO {table} VALUES (%s, 'new', 0) ON CONFLICT (id) DO NOTHING",
+                (rng.randrange(rows, 2 * rows),),
+            )
+        elif op < 0.55:
+            cur.execute(f"UPDATE {table} SET v = v || 'u', n = n + 1 WHERE id = %s", (k,))
+        elif op < 0.7:
+            cur.execute(f"DELETE FROM {table} WHERE id = %s", (k,))
+        elif op < 0.85:
+            cur.execute(
+                f"UPDATE {table} SET id = %s WHERE id = %s AND NOT EXISTS "
+                f"(SELECT 1 FROM {table} WHERE id = %s)",
+                (k + 3 * rows, k, k + 3 * rows),
+            )
+        else:
+            cur.execute("UPDATE keyless SET n = n + 1 WHERE a = %s", (k % KEYLESS,))
 
 
 def _setup(pg_db: PgDatabase) -> None:

@@ -7,19 +7,24 @@ file order, and a kill -9 in the middle ends, at the next start, in a complete s
 from __future__ import annotations
 
 import json
-import random
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 import yaml
 
-from tests.e2e import apply_events, checked_events, comparable, run_cdcd, start_cdcd, write_config
+from tests.e2e import (
+    StatementWorkload,
+    apply_events,
+    checked_events,
+    comparable,
+    run_cdcd,
+    start_cdcd,
+    write_config,
+)
 from tests.pgharness import PgDatabase
 
 pytestmark = [pytest.mark.pg, pytest.mark.timeout(240)]
@@ -29,43 +34,26 @@ KEYLESS = 5_000
 SMALL = 300
 
 
-class Workload(threading.Thread):
+class Workload(StatementWorkload):
     """Single-statement transactions on ``big`` and ``keyless`` until stopped."""
 
-    def __init__(self, dsn: str, seed: int) -> None:
-        super().__init__(daemon=True)
-        self.dsn = dsn
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.done = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            conn = psycopg2.connect(self.dsn)
-            conn.autocommit = True
-            cur = conn.cursor()
-            rng = self.rng
-            while not self.stop.is_set():
-                k = rng.randrange(1, BIG)
-                op = rng.random()
-                if op < 0.25:
-                    cur.execute(
-                        "INSERT INTO big VALUES (%s, 'new', 0) ON CONFLICT (id) DO NOTHING",
-                        (rng.randrange(BIG, 2 * BIG),),
-                    )
-                elif op < 0.55:
-                    cur.execute("UPDATE big SET v = v || 'u', n = n + 1 WHERE id = %s", (k,))
-                elif op < 0.7:
-                    cur.execute("DELETE FROM big WHERE id = %s", (k,))
-                elif op < 0.85:
-                    cur.execute("UPDATE keyless SET n = n + 1 WHERE a = %s", (k % KEYLESS,))
-                else:
-                    cur.execute("DELETE FROM keyless WHERE a = %s", (k % KEYLESS,))
-                self.done += 1
-            conn.close()
-        except BaseException as exc:
-            self.error = exc
+    def step(self, cur: Any) -> None:
+        rng = self.rng
+        k = rng.randrange(1, BIG)
+        op = rng.random()
+        if op < 0.25:
+            cur.execute(
+                "INSERT INTO big VALUES (%s, 'new', 0) ON CONFLICT (id) DO NOTHING",
+                (rng.randrange(BIG, 2 * BIG),),
+            )
+        elif op < 0.55:
+            cur.execute("UPDATE big SET v = v || 'u', n = n + 1 WHERE id = %s", (k,))
+        elif op < 0.7:
+            cur.execute("DELETE FROM big WHERE id = %s", (k,))
+        elif op < 0.85:
+            cur.execute("UPDATE keyless SET n = n + 1 WHERE a = %s", (k % KEYLESS,))
+        else:
+            cur.execute("DELETE FROM keyless WHERE a = %s", (k % KEYLESS,))
 
 
 def _setup(pg_db: PgDatabase) -> None:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import random
 import signal
-import threading
 import time
 import uuid
 from collections import Counter
@@ -27,7 +26,14 @@ import pytest
 import yaml
 
 from cdcd.config.models import SnapshotConfig
-from tests.e2e import consume_prefix, data_files, run_cdcd, start_cdcd, write_config
+from tests.e2e import (
+    StatementWorkload,
+    consume_prefix,
+    data_files,
+    run_cdcd,
+    start_cdcd,
+    write_config,
+)
 from tests.kafkaharness import KafkaBroker
 from tests.pgharness import PgDatabase
 
@@ -56,18 +62,16 @@ def _all_done(tmp_path: Path) -> bool:
     return len(state) == len(TABLES) and all(t["status"] == "done" for t in state.values())
 
 
-class Writers(threading.Thread):
+class Writers(StatementWorkload):
     """Single-statement transactions on random tables until stopped: inserts (in and past the
     key range), updates, deletes and key changes. ``hot``: at keys just past each table's last
     recorded chunk, i.e. inside the chunk windows being read."""
 
+    pause = 0.002
+
     def __init__(self, dsn: str, seed: int, state_dir: Path, hot: bool) -> None:
-        super().__init__(daemon=True)
-        self.dsn, self.state_dir, self.hot = dsn, state_dir, hot
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.done = 0
-        self.error: BaseException | None = None
+        super().__init__(dsn, seed)
+        self.state_dir, self.hot = state_dir, hot
 
     def _key(self, table: str) -> int:
         if self.hot:
@@ -76,41 +80,31 @@ class Writers(threading.Thread):
             return base + self.rng.randrange(1, 3 * 2048)
         return self.rng.randrange(1, ROWS)
 
-    def run(self) -> None:
-        try:
-            conn = psycopg2.connect(self.dsn)
-            conn.autocommit = True
-            cur = conn.cursor()
-            rng = self.rng
-            while not self.stop.is_set():
-                table = rng.choice(TABLES)
-                k = self._key(table)
-                op = rng.random()
-                if op < 0.25:
-                    new = rng.randrange(ROWS, 2 * ROWS) if rng.random() < 0.5 else k
-                    cur.execute(
-                        f"INSERT INTO {table} VALUES (%s, 'new', 0) ON CONFLICT (id) DO NOTHING",
-                        (new,),
-                    )
-                elif op < 0.6:
-                    cur.execute(f"UPDATE {table} SET v = v || 'u', n = n + 1 WHERE id = %s", (k,))
-                elif op < 0.8:
-                    cur.execute(f"DELETE FROM {table} WHERE id = %s", (k,))
-                else:  # a key change, landing before, in or after the chunk being read
-                    to = k + rng.choice((-4096, 1, 4096, 3 * ROWS))
-                    # another writer may take `to` after this statement's snapshot (NOT EXISTS
-                    # is no lock): then it rolls back, nothing committed, nothing to capture
-                    with contextlib.suppress(psycopg2.errors.UniqueViolation):
-                        cur.execute(
-                            f"UPDATE {table} SET id = %s WHERE id = %s AND NOT EXISTS "
-                            f"(SELECT 1 FROM {table} WHERE id = %s)",
-                            (to, k, to),
-                        )
-                self.done += 1
-                time.sleep(0.002)
-            conn.close()
-        except BaseException as exc:
-            self.error = exc
+    def step(self, cur: Any) -> None:
+        rng = self.rng
+        table = rng.choice(TABLES)
+        k = self._key(table)
+        op = rng.random()
+        if op < 0.25:
+            new = rng.randrange(ROWS, 2 * ROWS) if rng.random() < 0.5 else k
+            cur.execute(
+                f"INSERT INTO {table} VALUES (%s, 'new', 0) ON CONFLICT (id) DO NOTHING",
+                (new,),
+            )
+        elif op < 0.6:
+            cur.execute(f"UPDATE {table} SET v = v || 'u', n = n + 1 WHERE id = %s", (k,))
+        elif op < 0.8:
+            cur.execute(f"DELETE FROM {table} WHERE id = %s", (k,))
+        else:  # a key change, landing before, in or after the chunk being read
+            to = k + rng.choice((-4096, 1, 4096, 3 * ROWS))
+            # another writer may take `to` after this statement's snapshot (NOT EXISTS
+            # is no lock): then it rolls back, nothing committed, nothing to capture
+            with contextlib.suppress(psycopg2.errors.UniqueViolation):
+                cur.execute(
+                    f"UPDATE {table} SET id = %s WHERE id = %s AND NOT EXISTS "
+                    f"(SELECT 1 FROM {table} WHERE id = %s)",
+                    (to, k, to),
+                )
 
 
 def _events(out: Path, table: str) -> list[dict[str, Any]]:
