@@ -52,9 +52,12 @@ async def restartable_kafka_broker(kafka_broker: KafkaBroker) -> AsyncIterator[K
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The Spark tests share one worker (``--dist loadgroup``), so one Spark session, one
-    Spark Connect server and one Spark jobs workload serve them all, not one per worker.
-    ``tryfirst``: pytest-xdist reads the ``xdist_group`` marks in its own hook."""
+    """The Spark tests share one worker (``--dist loadgroup``), so one Spark session and one
+    Spark jobs workload serve them all, not one per worker; a Spark test with an
+    ``xdist_group`` of its own keeps it (the Spark Connect run, whose server is its own JVM,
+    runs beside them on the other worker). ``tryfirst``: pytest-xdist reads the
+    ``xdist_group`` marks in its own hook."""
     for item in items:
-        if item.get_closest_marker("spark") is not None:
+        in_spark = item.get_closest_marker("spark") is not None
+        if in_spark and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("spark"))

@@ -40,6 +40,9 @@ def test_no_classic_only_apis() -> None:
     assert not found, found
 
 
+# its own xdist group: the server is a JVM of its own, so this long run need not queue behind
+# the other Spark tests on their worker (tests/integration/conftest.py)
+@pytest.mark.xdist_group("spark-connect")
 def test_jobs_under_spark_connect(connect_server: str, tmp_path: Path) -> None:
     env = {**os.environ, "CDCD_TEST_SPARK_REMOTE": connect_server}
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x"]
