@@ -199,3 +199,33 @@ def test_c_writer_refuses_what_it_cannot_write() -> None:
         C_KAFKA_RECORD(b"x" * 100, 61, -1, 0, 0, None, None, b"", -1, b"", 0)
     with pytest.raises(ValueError, match="pos outside"):
         C_KAFKA_RECORD(bytearray(10), 61, -1, 0, 0, None, None, b"", -1, b"", 0)
+
+
+@pytest.mark.parametrize(("codec", "levels"), [("zstd", (-5, 1, 3, 19)), ("gzip", (1, 9))])
+def test_every_compression_level_reads_back(codec: str, levels: tuple[int, ...]) -> None:
+    """``compression_level`` reaches the codec: the levels write other bytes, all of which
+    aiokafka reads back as the same records."""
+    built = set()
+    for level in levels:
+        batch = new_batch(1 << 20, "python")
+        for g in range(300):  # records that compress, so that the level shows
+            value = b'{"id":%d,"name":"name-%d","score":%d.5}' % (g, g, g // 3)
+            assert batch.append(g, b'{"id":%d}' % g, value, b"", g, b"", 1)
+        raw = batch.build(CODECS[codec], 7, 0, 0, False, level)
+        read = DefaultRecordBatch(raw)
+        assert read.validate_crc() and read.compression_type == CODECS[codec]
+        assert [r.key for r in read] == [b'{"id":%d}' % g for g in range(300)]
+        built.add(raw)
+    assert len(built) == len(levels)
+
+
+def test_a_level_that_does_not_fit_the_codec_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from cdcd.sinks.kafka.client import KafkaSinkConfig
+
+    assert KafkaSinkConfig(bootstrap_servers="b:9092").level() == 1  # zstd's default here
+    assert KafkaSinkConfig(bootstrap_servers="b:9092", compression_level=-3).level() == -3
+    for codec, level in (("zstd", 23), ("gzip", 0), ("snappy", 1), ("none", 1)):
+        with pytest.raises(ValidationError, match=f"compression_level {level} does not fit"):
+            KafkaSinkConfig(bootstrap_servers="b:9092", compression=codec, compression_level=level)

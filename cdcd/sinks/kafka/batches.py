@@ -115,6 +115,10 @@ class Batches:
         self.open_since = 0.0  # loop time the oldest open batch was started
         self.ready: deque[Batch] = deque()  # closed batches, to hand over in this order
         self.spare: list[bytearray] = []  # buffers of acknowledged batches (recycle)
+        self.spare_limit = SPARE_BUFFERS  # how many of them are kept
+        #: partitions whose large open batch was closed before it was full (close_open): their
+        #: next batch takes a spare buffer, as one following a full batch does
+        self.cut: set[tuple[str, int]] = set()
         self.wake = asyncio.Event()  # work for the submitter
         self.missing_topic: str | None = None  # add_events stopped to have this one prepared
         self.txn_counts: dict[str, int] = {}  # events per "schema.table" in this transaction
@@ -208,7 +212,12 @@ class Batches:
         tp = (topic, partition)
         batch = self.open.get(tp)
         if batch is None:
-            batch = self._new_batch(topic, partition, where_of(source, suffix))
+            buffer = None
+            if self.cut and tp in self.cut:
+                self.cut.discard(tp)
+                buffer = self.spare.pop() if self.spare else None
+            batch = self._new_batch(topic, partition, where_of(source, suffix), buffer)
+            self.window_bytes += batch.size
         if not batch.records.append(ts, key, value, head, seq, tail, header_count):
             del self.open[tp]  # full: hand it over, start the next one
             self.ready.append(batch)
@@ -222,13 +231,23 @@ class Batches:
         self.window_records += 1
         self.window_bytes += size
 
+    def close_open(self) -> None:
+        """Close every open batch (the linger passed, or a Kafka commit begins): ready to be
+        handed over. A partition's next batch after a large one takes a spare buffer."""
+        half = self.max_batch_size // 2
+        for tp, batch in self.open.items():
+            if batch.records.size() >= half:
+                self.cut.add(tp)
+            self.ready.append(batch)
+        self.open.clear()
+
     def recycle(self, batch: Batch) -> None:
         """The broker has ``batch``: keep its buffer for the next batch that follows a full
-        one (up to SPARE_BUFFERS). A large buffer is mapped on its own (cdcd.runtime), and
-        each of a fresh one's pages costs a page fault as it is first written: a stream of
-        full batches writes into the same few buffers instead."""
+        or a large one (up to ``spare_limit``). A large buffer is mapped on its own
+        (cdcd.runtime), and each of a fresh one's pages costs a page fault as it is first
+        written: a stream of full batches writes into the same few buffers instead."""
         buffer = batch.records.release()
-        if len(self.spare) < SPARE_BUFFERS and len(buffer) >= self.max_batch_size // 2:
+        if len(self.spare) < self.spare_limit and len(buffer) >= self.max_batch_size // 2:
             self.spare.append(buffer)
 
     def _new_batch(

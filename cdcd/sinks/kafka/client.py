@@ -14,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from cdcd.errors import DefiniteSinkError, SinkError, SinkSetupError, TransientSinkError
 from cdcd.events import SinkContext
 from cdcd.lsn import format_lsn
-from cdcd.sinks.kafka.recordbatch import Record, Where
+from cdcd.sinks.kafka.recordbatch import DEFAULT_LEVELS, Record, Where
 from cdcd.units import ByteSize, Duration
 
 MiB = 1024 * 1024
+#: the levels each codec takes (the ranges of Kafka's compression.<codec>.level)
+LEVELS = {"zstd": (-131072, 22), "gzip": (1, 9), "lz4": (1, 17)}
 
 
 def where_text(where: Where) -> str:
@@ -50,9 +52,12 @@ class BuiltBatch(BatchBuilder):  # type: ignore[misc]
     into the header) and ``_build()`` (the bytes); this is all of that, for any aiokafka from
     0.8 on (``send_batch``'s contract). One is made per hand-over: a replay builds again."""
 
-    def __init__(self, records: Any, codec: int, transactional: bool = False) -> None:
+    def __init__(
+        self, records: Any, codec: int, transactional: bool = False, level: int = 1
+    ) -> None:
         self._records = records  # no BatchBuilder.__init__: no aiokafka builder behind it
         self._codec = codec
+        self._level = level
         self._transactional = transactional  # written in a Kafka transaction
         self._state = (-1, -1, -1)
         self._buffer: bytes | None = None
@@ -74,7 +79,9 @@ class BuiltBatch(BatchBuilder):  # type: ignore[misc]
 
     def _build(self) -> bytes:
         if self._buffer is None:
-            self._buffer = self._records.build(self._codec, *self._state, self._transactional)
+            self._buffer = self._records.build(
+                self._codec, *self._state, self._transactional, self._level
+            )
         return self._buffer
 
     def size(self) -> int:
@@ -99,10 +106,14 @@ class KafkaSinkConfig(BaseModel):
     idempotence: bool = True
     # zstd: aiokafka compresses lz4 at level 9 (LZ4 HC), ~2.5x zstd's CPU for a worse ratio
     compression: Literal["lz4", "zstd", "gzip", "snappy", "none"] = "zstd"
+    # None: recordbatch.DEFAULT_LEVELS (zstd 1, not Kafka's 3: half the CPU, as small)
+    compression_level: int | None = None
     linger_ms: int = Field(default=5, ge=0)
     max_batch_size: ByteSize = Field(default=1 * MiB, ge=1024)
     max_request_size: ByteSize = Field(default=1 * MiB, ge=1024)
-    buffer_records: int = Field(default=20_000, ge=1)
+    # None: 20,000; 100,000 with exactly_once, whose Kafka transactions take half the window
+    # each (fewer commits; buffer_bytes still bounds the memory)
+    buffer_records: int | None = Field(default=None, ge=1)
     buffer_bytes: ByteSize = Field(default=64 * MiB, ge=1024)
     create_topics: bool = True
     partitions: int = Field(default=1, ge=1)
@@ -122,6 +133,8 @@ class KafkaSinkConfig(BaseModel):
     exactly_once: bool = False
     transactional_id: str | None = None  # default: cdcd-<name>
     transaction_timeout: Duration = 60.0
+    # a Kafka commit begins at a source transaction's end once this passed since the last one
+    commit_interval: Duration = 1.0
     position_topic: str | None = None  # default: <prefix>.cdcd-positions
 
     @model_validator(mode="after")
@@ -132,6 +145,33 @@ class KafkaSinkConfig(BaseModel):
                 f"(idempotence: {self.idempotence}, acks: {self.acks})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _level_fits_the_codec(self) -> KafkaSinkConfig:
+        level = self.compression_level
+        if level is None:
+            return self
+        low, high = LEVELS.get(self.compression, (0, -1))
+        if not low <= level <= high:
+            allowed = f"from {low} to {high}" if low <= high else "none (leave it unset)"
+            raise ValueError(
+                f"compression_level {level} does not fit compression {self.compression!r}: "
+                f"its levels are {allowed}"
+            )
+        return self
+
+    def record_bound(self) -> int:
+        """``buffer_records``, or its default for the mode."""
+        if self.buffer_records is not None:
+            return self.buffer_records
+        return 100_000 if self.exactly_once else 20_000
+
+    def level(self) -> int:
+        """The compression level batches are built with (``compression_level`` or the codec's
+        default; unused by snappy and none)."""
+        if self.compression_level is not None:
+            return self.compression_level
+        return DEFAULT_LEVELS.get(self.compression, 0)
 
     @field_validator("acks", mode="before")
     @classmethod

@@ -1,11 +1,13 @@
 """The Kafka sink's exactly-once mode (``exactly_once: true``, docs/kafka.md): what it adds to
 the hand-over of :mod:`cdcd.sinks.kafka.sender`.
 
-The producer is transactional (``transactional_id``). Each flush of the sink ends the open Kafka
-transaction with one more record, cdcd's position (:mod:`cdcd.sinks.kafka.position`) on the
-position topic: the records added so far and the position become visible to read_committed
-consumers at once. Only that commit releases the window: the source transactions it completes
-become durable then, and no earlier.
+The producer is transactional (``transactional_id``). A commit ends the open Kafka transaction
+with one more record, cdcd's position (:mod:`cdcd.sinks.kafka.position`) on the position topic:
+the records added so far and the position become visible to read_committed consumers at once.
+Only that commit releases the window: the source transactions it completes become durable
+then, and no earlier. A commit begins in the background at the end of a source transaction
+once ``commit_interval`` passed since the last one began, and whenever half the window filled
+up; a flush of the sink commits and waits for the commit.
 
 A batch failing inside a Kafka transaction aborts it: a new producer (whose InitProducerId
 aborts the old one's transaction) sends every batch of it again. A failed commit may still have
@@ -49,6 +51,7 @@ class KafkaTransactions:
         self._skip_txn = False  # the current transaction is in Kafka already
         self._skip_seq = -1  # its events up to this seq are in Kafka already
         self._commit_task: asyncio.Task[None] | None = None  # the Kafka commit under way
+        self._began = 0.0  # loop time the last commit began
         # what the window held when it began (its records and bytes; KafkaSink's bounds)
         self.held_records = 0
         self.held_bytes = 0
@@ -83,6 +86,7 @@ class KafkaTransactions:
             resume=None if self.resume is None else str(self.resume),
         )
         await sender.producer.begin_transaction()
+        self._began = self._loop_time()
 
     # --- the pipeline's calls, as the sink passes them on --------------------------------
 
@@ -138,6 +142,13 @@ class KafkaTransactions:
         self.begin_commit()
         await self.committed()
 
+    def commit_when_due(self, interval: float) -> None:
+        """At the end of a source transaction: begin a commit in the background once
+        ``interval`` passed since the last one began and none is under way. (The pipeline's
+        flush once a second did this and waited for the broker's answer, the stream stopped.)"""
+        if self._commit_task is None and self._loop_time() - self._began >= interval:
+            self.begin_commit()
+
     async def make_room(self) -> None:
         """The window is full: wait for the Kafka commit under way, or begin one."""
         if self._commit_task is not None:
@@ -163,6 +174,7 @@ class KafkaTransactions:
         sender = self.sender
         sender.raise_failure()
         assert self._commit_task is None or self._commit_task.done(), "one commit at a time"
+        self._began = self._loop_time()
         window = sender.window
         if not any(isinstance(entry, Batch) for entry in window):
             while window:  # transactions without records: nothing to hold in Kafka
@@ -184,13 +196,16 @@ class KafkaTransactions:
                 0,
                 "cdcd's position",
             )
-        batches.ready.extend(batches.open.values())
-        batches.open.clear()
+        batches.close_open()
         sender.barrier = len(batches.ready)  # all of them, and no later one, in this one
         self.held_records, self.held_bytes = batches.window_records, batches.window_bytes
         task = asyncio.get_running_loop().create_task(self._commit(len(window)))
         task.add_done_callback(self._commit_done)
         self._commit_task = task
+
+    @staticmethod
+    def _loop_time() -> float:
+        return asyncio.get_running_loop().time()
 
     def _commit_done(self, task: asyncio.Task[None]) -> None:
         if self._commit_task is task:

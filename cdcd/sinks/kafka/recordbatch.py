@@ -60,11 +60,24 @@ RECORD_OVERHEAD: Final = 32
 WriteRecord = Callable[..., int]
 
 
-#: zstd at level 3 (aiokafka's and the broker's default) with one compression context for
-#: every batch: a context made per call (cramjam's, aiokafka's) allocates about 2.5 MiB, mapped
-#: on its own (cdcd.runtime) and so page-faulted afresh for each batch, which cost more CPU
-#: than compressing
-_ZSTD: Final = zstandard.ZstdCompressor(level=3)
+#: the level of ``compression_level: null``: zstd's 1 (Kafka's default is 3, which took twice the
+#: CPU for batches of W1's rows and no smaller ones, bench/results/2026-11-28-kafka-w1-faster.md);
+#: gzip and lz4 at aiokafka's 9
+DEFAULT_LEVELS: Final = {"zstd": 1, "gzip": 9, "lz4": 9}
+
+#: zstd compressors by level, one context each for every batch: a context made per call
+#: (cramjam's, aiokafka's) allocates about 2.5 MiB, mapped on its own (cdcd.runtime) and so
+#: page-faulted afresh for each batch, which cost more CPU than compressing
+_ZSTD: Final[dict[int, zstandard.ZstdCompressor]] = {}
+
+
+def zstd_compressor(level: int) -> zstandard.ZstdCompressor:
+    """The zstd compressor of ``level``, made once."""
+    compressor = _ZSTD.get(level)
+    if compressor is None:
+        compressor = _ZSTD[level] = zstandard.ZstdCompressor(level=level)
+    return compressor
+
 
 _KAFKAREC: Final = c_module("cdcd._kafkarec")
 #: cdcd._kafkarec.kafka_record (hand-written C), or None where it is not in use
@@ -186,16 +199,20 @@ class RecordBatch:
         producer_epoch: int,
         base_sequence: int,
         transactional: bool = False,
+        level: int = 1,
     ) -> bytes:
-        """The batch as sent: header, records (compressed with ``codec`` when that makes them
-        smaller), CRC; ``transactional``: part of a Kafka transaction of the producer. The same
-        records can be built again (a replay)."""
+        """The batch as sent: header, records (compressed with ``codec`` at ``level`` when that
+        makes them smaller; snappy has no level), CRC; ``transactional``: part of a Kafka
+        transaction of the producer. The same records can be built again (a replay)."""
         size = self.pos - HEADER_SIZE
         records = memoryview(self.buffer)[HEADER_SIZE : self.pos]
         attributes = TRANSACTIONAL if transactional else 0
         out: bytearray | memoryview | None = None
         if codec != 0:
-            compressed = _ZSTD.compress(records) if codec == 4 else _compress(codec, bytes(records))
+            if codec == 4:
+                compressed = zstd_compressor(level).compress(records)
+            else:
+                compressed = _compress(codec, bytes(records), level)
             if len(compressed) < size:
                 out = bytearray(HEADER_SIZE)
                 out += compressed
@@ -303,9 +320,9 @@ def _put_varint(buffer: bytearray, pos: int, value: int) -> int:
     return pos + 1
 
 
-def _compress(codec: int, data: bytes) -> bytes:
+def _compress(codec: int, data: bytes, level: int) -> bytes:
     if codec == 3:
-        return bytes(lz4_encode(data))
+        return bytes(lz4_encode(data, level))
     if codec == 2:
         return bytes(snappy_encode(data))
-    return bytes(gzip_encode(data))
+    return bytes(gzip_encode(data, level))

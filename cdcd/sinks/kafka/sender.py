@@ -82,6 +82,7 @@ class Sender:
         self.mark_durable = mark_durable
         self.transactional_id = transactional_id  # set: exactly once
         self.position_topic = position_topic  # created with the position topic's settings
+        self.level = config.level()  # of compression
         self.producer: AIOKafkaProducer | None = None
         self.admin: AIOKafkaAdminClient | None = None
         self.flushing = 0  # flush() calls waiting: hand open batches over without lingering
@@ -93,6 +94,7 @@ class Sender:
         self.failure: SinkError | None = None
         self.stats = {
             "records_sent": 0,
+            "batches_sent": 0,
             "records_acked": 0,
             "send_retries": 0,
             "replays": 0,
@@ -243,8 +245,7 @@ class Sender:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), wait)
                     continue
-                ready.extend(batches.open.values())
-                batches.open.clear()
+                batches.close_open()
             async with self.send_lock:
                 await self.submit_ready()
 
@@ -271,6 +272,7 @@ class Sender:
                     batch.records,
                     CODECS[self.config.compression],
                     self.transactional_id is not None,
+                    self.level,
                 )
                 future = await self.producer.send_batch(
                     built, batch.topic, partition=batch.partition
@@ -289,6 +291,7 @@ class Sender:
             batch.future = future
             future.add_done_callback(self._on_delivery)
             self.stats["records_sent"] += batch.records.count
+            self.stats["batches_sent"] += 1
             return
 
     async def _watch(self) -> None:

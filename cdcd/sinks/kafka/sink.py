@@ -115,9 +115,10 @@ class KafkaSink(Sink):
             transactional_id=self.transactional_id if self.exactly_once else None,
             position_topic=self.position_topic,
         )
-        # Acknowledgements make records durable (Sender.pump): a flush, which waits for all of
-        # them, would only stall the pipeline once a second. Exactly once, a flush commits.
-        self.flushes_itself = not self.exactly_once
+        # Acknowledgements make records durable (Sender.pump), exactly once the Kafka commits
+        # the sink begins itself (KafkaTransactions.commit_when_due): a flush, which waits for
+        # all of them, would only stall the pipeline once a second.
+        self.flushes_itself = True
         self._txns: KafkaTransactions | None = None
         if self.exactly_once:
             self._txns = KafkaTransactions(self._sender, self.transactional_id, self.position_topic)
@@ -192,6 +193,8 @@ class KafkaSink(Sink):
             txns.completed(last, seq)
         self._window.append(last.end_lsn)
         self._sender.pump()
+        if txns is not None:
+            txns.commit_when_due(self.config.commit_interval)
 
     async def commit(self, txn: Transaction) -> None:
         self._sender.raise_failure()
@@ -208,6 +211,8 @@ class KafkaSink(Sink):
             txns.completed(txn)
         self._window.append(txn.end_lsn)
         self._sender.pump()
+        if txns is not None:
+            txns.commit_when_due(self.config.commit_interval)
 
     async def flush(self) -> None:
         """Wait until the broker acknowledged every record handed over. After a definite
@@ -313,7 +318,7 @@ class KafkaSink(Sink):
         """``buffer_records`` and ``buffer_bytes`` for the window. Exactly once, half of each
         for the Kafka transaction being committed and half for the next one, whose records
         are written while the commit waits for the broker."""
-        records, size = self.config.buffer_records, self._buffer_bytes
+        records, size = self.config.record_bound(), self._buffer_bytes
         txns = self._txns
         if txns is not None:
             records = max(1, records // 2) + txns.held_records
