@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import orjson
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -162,6 +164,14 @@ def main() -> None:
     parser.add_argument(
         "--flush-every", type=float, help="flush whenever this many seconds passed (with --runs)"
     )
+    parser.add_argument(
+        "--variants",
+        type=orjson.loads,
+        default=[{}],
+        help="JSON list of sink options drained in turn on one broker, e.g. "
+        "'[{\"compression_level\": 3}, {}]' (default: [{}])",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="drains of each variant, in turn")
     args = parser.parse_args()
     import gc
 
@@ -187,20 +197,24 @@ def main() -> None:
         profiler = cProfile.Profile() if args.profile else None
         if profiler is not None:
             profiler.enable()
-        b0 = broker_cpu_seconds(broker)
-        events, cpu, wall, flushing, faults = asyncio.run(
-            drain(broker.bootstrap, txns, options, args.runs, args.flush_every)
-        )
-        broker_cpu = broker_cpu_seconds(broker) - b0
+        for _ in range(args.rounds):
+            for variant in args.variants:
+                b0 = broker_cpu_seconds(broker)
+                events, cpu, wall, flushing, faults = asyncio.run(
+                    drain(broker.bootstrap, txns, options | variant, args.runs, args.flush_every)
+                )
+                broker_cpu = broker_cpu_seconds(broker) - b0
+                print(
+                    f"{events} events, cpu {cpu:.2f}s ({cpu / events * 1e6:.2f} us/row, "
+                    f"{events / cpu:,.0f} rows/s), wall {wall:.2f}s ({events / wall:,.0f} "
+                    f"rows/s), {options | variant}; broker cpu {broker_cpu:.2f}s; waiting in "
+                    f"flushes {flushing:.2f}s; {faults / events * 1000:.0f} minor page faults "
+                    "per 1,000 rows",
+                    flush=True,
+                )
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(str(args.profile))
-    print(
-        f"{events} events, cpu {cpu:.2f}s ({cpu / events * 1e6:.2f} us/row, "
-        f"{events / cpu:,.0f} rows/s), wall {wall:.2f}s ({events / wall:,.0f} rows/s), "
-        f"{options}; broker cpu {broker_cpu:.2f}s; waiting in flushes {flushing:.2f}s; "
-        f"{faults / events * 1000:.0f} minor page faults per 1,000 rows"
-    )
 
 
 if __name__ == "__main__":
