@@ -17,7 +17,9 @@ pinned Delta Lake (:func:`cdcd.spark.session.session`):
 
 ``--scd-type 2`` writes a type 2 table (AUTO CDC's ``stored_as_scd_type=2``: every version
 kept, :mod:`cdcd.spark.scd2`) instead. Prints one JSON object with the seconds and the ratios
-to the rebuild, and the load averages at the start and the end (the machine may be shared).
+to the rebuild, the load averages at the start and the end (the machine may be shared), the
+number of Spark jobs each apply ran, and Delta's own timings of each OLTP batch's commit
+(``DESCRIBE HISTORY``'s ``operationMetrics``).
 """
 
 from __future__ import annotations
@@ -133,8 +135,22 @@ def main() -> None:
     spark = session("cdcd-bench", master="local[2]", memory=args.memory, partitions=8)
     work = Path(tempfile.mkdtemp(prefix="cdcd-spark-bench-"))
 
+    tracker, jobs = spark.sparkContext.statusTracker(), []
+
     def apply_batch(events: Any, target: str) -> None:
+        group = f"cdcd-bench-{len(jobs)}"
+        spark.sparkContext.setJobGroup(group, group)
         apply_to_table(spark, events, target, format="delta", stored_as_scd_type=args.scd_type)
+        jobs.append(len(tracker.getJobIdsForGroup(group)))
+        spark.sparkContext.setJobGroup("cdcd-bench", "cdcd-bench")
+
+    def last_commit(target: str) -> dict[str, Any]:
+        """The newest commit's operation and Delta's own timings of it (milliseconds)."""
+        row = spark.sql(f"DESCRIBE HISTORY {target} LIMIT 1").collect()[0]
+        metrics = row["operationMetrics"] or {}
+        timed = ("executionTimeMs", "scanTimeMs", "rewriteTimeMs", "materializeSourceTimeMs")
+        found = {k: int(metrics[k]) for k in timed if k in metrics}
+        return {"version": row["version"], "operation": row["operation"], **found}
 
     try:
         src, dst = work / "out", table_ref(str(work / "orders"))
@@ -144,7 +160,7 @@ def main() -> None:
         apply_batch(events_from_files(spark, str(src), TABLE), dst)
         full = time.monotonic() - started
         rng = random.Random(17)
-        lsn, new_from, oltp = args.rows + 10, args.rows + 1, []
+        lsn, new_from, oltp, commits = args.rows + 10, args.rows + 1, [], []
         for _ in range(3):
             path = write_batch(
                 work / f"b{lsn}.jsonl", oltp_batch(args.rows, args.batch, lsn, rng, new_from)
@@ -152,6 +168,7 @@ def main() -> None:
             started = time.monotonic()
             apply_batch(spark.read.schema(schema).json(str(path)), dst)
             oltp.append(time.monotonic() - started)
+            commits.append(last_commit(dst))
             lsn, new_from = lsn + 1, new_from + args.batch
         started = time.monotonic()
         apply_batch(spark.read.schema(schema).json(str(path)), dst)
@@ -177,6 +194,12 @@ def main() -> None:
             "random_batch_s": round(random_batch, 2),
             "random_ratio": round(random_batch / full, 3),
             "state_rows": state.count(),
+            "spark_jobs": dict(
+                zip(
+                    ["rebuild", "oltp_1", "oltp_2", "oltp_3", "replay", "random"], jobs, strict=True
+                )
+            ),
+            "oltp_commits": commits,
             "loadavg_start": [round(x, 2) for x in load_start],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         }
