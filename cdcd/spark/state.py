@@ -138,11 +138,15 @@ def _prepare(
 
 
 def apply_changes(
-    state: DataFrame | None, events: DataFrame, key_columns: Sequence[str] | None = None
+    state: DataFrame | None,
+    events: DataFrame,
+    key_columns: Sequence[str] | None = None,
+    links: bool | None = None,
 ) -> DataFrame:
     """The state after applying a batch of ``events`` to ``state`` (a previous result of this
     function, or None for an empty table). Idempotent: events at or before a key's position in
-    the state are ignored, duplicates within the batch are dropped."""
+    the state are ignored, duplicates within the batch are dropped. ``links=False``: the caller
+    knows that no key-change create has unchanged TOAST values to fill (no job finds out)."""
     keys, types, events = _prepare(state, events, key_columns)
     truncate = (
         events.where(F.col("op") == "t")
@@ -154,7 +158,7 @@ def apply_changes(
         truncate_positions = events.where(F.col("op") == "t").select(COMMIT_LSN, SEQ)
         return apply_keyless(state, rows, truncate, truncate_positions, types)
     others = [c for c in types if c not in keys]
-    versions = _versions(state, rows, keys, types)
+    versions = _versions(state, rows, keys, types, links)
     by_key = Window.partitionBy(*keys).orderBy(COMMIT_LSN, SEQ, ORDER)
     newest = (
         versions.withColumn("_cdc_last", F.lead(COMMIT_LSN).over(by_key).isNull())
@@ -197,7 +201,11 @@ def truncates(events: DataFrame) -> DataFrame:
 
 
 def _versions(
-    state: DataFrame | None, rows: DataFrame, keys: list[str], types: dict[str, DataType]
+    state: DataFrame | None,
+    rows: DataFrame,
+    keys: list[str],
+    types: dict[str, DataType],
+    links: bool | None = None,
 ) -> DataFrame:
     """State rows and events of a keyed table, each with the whole row after it."""
     others = [c for c in types if c not in keys]
@@ -216,7 +224,9 @@ def _versions(
             .drop("_cdc_seen")
         )
     lineage: list[str | Column] = list(keys)
-    if _links_possible(rows) and not rows.where(_link_candidate(rows, keys)).isEmpty():
+    if links is None:
+        links = _links_possible(rows) and not rows.where(_link_candidate(rows, keys)).isEmpty()
+    if links:
         changes = _with_lineage(changes, keys)
         lineage = [_LINE]
     line = (
