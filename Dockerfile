@@ -43,6 +43,8 @@ WORKDIR /src
 RUN python -m venv /opt/cdcd/venv
 COPY pyproject.toml setup.py README.md constraints.txt ./
 COPY cdcd ./cdcd
+# the C compiler's -O for the compiled modules (setup.py); tests build at 0 to save minutes
+ARG MYPYC_OPT_LEVEL=3
 RUN python -m pip install -q --upgrade pip && python -m pip install -q -c constraints.txt .
 # the build compiled them (setup.py); fails unless the installed package runs them compiled
 # (run from / so that /src/cdcd is not the one imported)
