@@ -138,15 +138,11 @@ def _prepare(
 
 
 def apply_changes(
-    state: DataFrame | None,
-    events: DataFrame,
-    key_columns: Sequence[str] | None = None,
-    links: bool | None = None,
+    state: DataFrame | None, events: DataFrame, key_columns: Sequence[str] | None = None
 ) -> DataFrame:
     """The state after applying a batch of ``events`` to ``state`` (a previous result of this
     function, or None for an empty table). Idempotent: events at or before a key's position in
-    the state are ignored, duplicates within the batch are dropped. ``links=False``: the caller
-    knows that no key-change create has unchanged TOAST values to fill (no job finds out)."""
+    the state are ignored, duplicates within the batch are dropped."""
     keys, types, events = _prepare(state, events, key_columns)
     truncate = (
         events.where(F.col("op") == "t")
@@ -158,7 +154,7 @@ def apply_changes(
         truncate_positions = events.where(F.col("op") == "t").select(COMMIT_LSN, SEQ)
         return apply_keyless(state, rows, truncate, truncate_positions, types)
     others = [c for c in types if c not in keys]
-    versions = _versions(state, rows, keys, types, links)
+    versions = _versions(state, rows, keys, types)
     by_key = Window.partitionBy(*keys).orderBy(COMMIT_LSN, SEQ, ORDER)
     newest = (
         versions.withColumn("_cdc_last", F.lead(COMMIT_LSN).over(by_key).isNull())
@@ -201,11 +197,7 @@ def truncates(events: DataFrame) -> DataFrame:
 
 
 def _versions(
-    state: DataFrame | None,
-    rows: DataFrame,
-    keys: list[str],
-    types: dict[str, DataType],
-    links: bool | None = None,
+    state: DataFrame | None, rows: DataFrame, keys: list[str], types: dict[str, DataType]
 ) -> DataFrame:
     """State rows and events of a keyed table, each with the whole row after it."""
     others = [c for c in types if c not in keys]
@@ -224,9 +216,7 @@ def _versions(
             .drop("_cdc_seen")
         )
     lineage: list[str | Column] = list(keys)
-    if links is None:
-        links = _links_possible(rows) and not rows.where(_link_candidate(rows, keys)).isEmpty()
-    if links:
+    if _links_possible(rows) and not rows.where(_link_candidate(rows, keys)).isEmpty():
         changes = _with_lineage(changes, keys)
         lineage = [_LINE]
     line = (

@@ -54,7 +54,7 @@ from pyspark.sql.types import (
 
 from cdcd.spark.autocdc import START_AT, AutoCdc, AutoCdcError
 from cdcd.spark.columns import COMMIT_LSN, DELETED, METADATA, SEQ, default_key_columns, row_type
-from cdcd.spark.merge import BatchFacts, _q, batch_facts, merge_changes
+from cdcd.spark.merge import _q, merge_changes
 from cdcd.spark.scd2 import SCD2_COLUMNS, merge_scd2, scd2_columns_ddl
 from cdcd.spark.state import apply_changes, current_rows
 
@@ -232,42 +232,13 @@ def apply_to_table(
         track_history_except_column_list,
     )
     started = time.monotonic()
-    keys = list(default_key_columns(events) if key_columns is None else key_columns)
-    # cached by the pass that finds the batch's facts; read again by the fold, not re-read
-    events = events.persist()
-    try:
-        facts = batch_facts(events, keys)
-        if facts.events:
-            _apply(spark, events, target, keys, cdc, facts, format, label)
-    finally:
-        events.unpersist()
-    if not facts.events:
+    events = events.localCheckpoint()
+    figures = events.agg(
+        F.count(F.lit(1)).alias("events"), F.max("source.commit_lsn").alias("commit_lsn")
+    ).collect()[0]
+    if not figures["events"]:
         return {"events": 0, "seconds": 0.0, "commit_lsn": None}
-    result = {
-        "events": facts.events,
-        "seconds": time.monotonic() - started,
-        "commit_lsn": facts.commit_lsn,
-    }
-    log.info(
-        "%s: %d events merged in %.2fs (up to commit_lsn %s)",
-        target,
-        result["events"],
-        result["seconds"],
-        result["commit_lsn"],
-    )
-    return result
-
-
-def _apply(
-    spark: SparkSession,
-    events: DataFrame,
-    target: str,
-    keys: list[str],
-    cdc: AutoCdc,
-    facts: BatchFacts,
-    format: str,
-    label: str | None,
-) -> None:
+    keys = list(default_key_columns(events) if key_columns is None else key_columns)
     if cdc.scd2 and not keys:
         raise AutoCdcError(
             f"stored_as_scd_type=2: {label or _label(events)} has no key (give key columns)"
@@ -284,7 +255,7 @@ def _apply(
     if cdc.scd2:
         merge_scd2(spark, events, target, keys, tracked)
     elif keys:
-        merge_changes(spark, events, target, keys, tombstones=True, into_empty=created, facts=facts)
+        merge_changes(spark, events, target, keys, tombstones=True, into_empty=created)
     else:  # a multiset (cdcd.spark.keyless): the whole table, rewritten in one commit
         current = spark.table(target)
         state = apply_changes(current, events, []).localCheckpoint()
@@ -295,6 +266,19 @@ def _apply(
             spark.sql(f"INSERT OVERWRITE {target} SELECT {names} FROM {view}")
         finally:
             spark.catalog.dropTempView(view)
+    result = {
+        "events": int(figures["events"]),
+        "seconds": time.monotonic() - started,
+        "commit_lsn": figures["commit_lsn"],
+    }
+    log.info(
+        "%s: %d events merged in %.2fs (up to commit_lsn %s)",
+        target,
+        result["events"],
+        result["seconds"],
+        result["commit_lsn"],
+    )
+    return result
 
 
 def table_rows(spark: SparkSession, target: str) -> DataFrame:

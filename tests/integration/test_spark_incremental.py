@@ -113,64 +113,6 @@ def test_apply_to_delta_in_batches_and_replays(spark: Any, key_changes: Path, tm
     assert rows(spark.table(target)) == before
 
 
-# Batches without unchanged TOAST values or key changes fold on their own (the target's rows
-# are not read): replayed and older events, a delete, a truncate, then a replay of it all.
-ALONE = [
-    [
-        change_event("c", (10, 0), after={"id": 1, "note": "one", "n": 1}),
-        change_event("c", (10, 1), after={"id": 2, "note": "two", "n": 1}),
-        change_event("c", (10, 2), after={"id": 3, "note": "three", "n": 1}),
-    ],
-    [
-        change_event("u", (20, 0), after={"id": 1, "note": "one", "n": 2}),
-        change_event("d", (20, 1), before={"id": 2, "note": None, "n": None}),
-    ],
-    [
-        change_event("c", (10, 0), after={"id": 1, "note": "one", "n": 1}),
-        change_event("c", (10, 1), after={"id": 2, "note": "two", "n": 1}),
-        change_event("u", (30, 0), after={"id": 3, "note": "three", "n": 3}),
-        change_event("u", (30, 1), after={"id": 3, "note": "three", "n": 4}),
-    ],
-    [
-        change_event("t", (40, 0), key=None),
-        change_event("c", (50, 0), after={"id": 4, "note": "four", "n": 5}),
-        change_event("u", (50, 1), after={"id": 1, "note": "one", "n": 6}),
-    ],
-]
-
-
-def test_batches_folded_without_the_target(spark: Any, key_changes: Path, tmp_path: Path):
-    """Each batch of ``ALONE`` needs nothing from the target (the key changes with
-    unchanged TOAST values do); applied one by one, then all at once again, into a Delta
-    table: the same rows as folding every event at once."""
-    from cdcd.spark.merge import batch_facts
-
-    target = table_ref(str(tmp_path / "alone"))
-    folders = [table_folder(tmp_path / f"b{n}", batch, 10) for n, batch in enumerate(ALONE)]
-    batches = [events_from_files(spark, str(f.parent), TABLE) for f in folders]
-    assert not any(batch_facts(b, ["id"]).needs_target for b in batches)
-    assert batch_facts(events_from_files(spark, str(key_changes), TABLE), ["id"]).needs_target
-    for batch in batches:
-        apply_to_table(spark, batch, target)
-    expected = {(1, "one", 6), (4, "four", 5)}
-    assert rows(table_rows(spark, target)) == expected
-    assert (
-        rows(
-            latest_state(
-                batches[0].unionByName(batches[1]).unionByName(batches[2]).unionByName(batches[3])
-            )
-        )
-        == expected
-    )
-    before = rows(spark.table(target))
-    for batch in batches:  # a replay
-        apply_to_table(spark, batch, target)
-    assert rows(spark.table(target)) == before
-    # 2's tombstone (40, 0) from the truncate, 3 cut by it after its update at (30, 1)
-    assert (2, None, None, 40, 0, True) in before
-    assert (3, None, None, 40, 0, True) in before
-
-
 def test_history_matches_state(spark: Any, key_changes: Path) -> None:
     events = events_from_files(spark, str(key_changes), TABLE)
     versions = history(events).cache()
