@@ -363,9 +363,9 @@ async def initial_snapshot(
                 return await write_all()
             except asyncio.CancelledError:  # a stop request: record what was handed
                 with contextlib.suppress(Exception):
-                    if recording is not None:
-                        await recording
-                    if progress.handed > progress.started:
+                    if recording is not None:  # cancelled with us if we were awaiting it
+                        await asyncio.gather(recording, return_exceptions=True)
+                    if progress.handed > progress.durable:  # that record included
                         await record(*progress.take())
                     log.info("initial snapshot stopped; recorded", rows=progress.durable)
                 raise
@@ -444,8 +444,12 @@ async def initial_snapshot(
         try:  # the first failure as it is (a sink's error keeps its type and exit code)
             rows_total, *_ = await asyncio.gather(*tasks)
         except BaseException:
-            for task in tasks:
-                task.cancel()
+            # A stop (this task cancelled) cancelled the gathered tasks already; cancelling
+            # the writer again would cut short the record it makes of what it handed.
+            current = asyncio.current_task()
+            if current is None or not current.cancelling():
+                for task in tasks:
+                    task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         finally:
