@@ -192,10 +192,12 @@ def _scenario(pg_db: PgDatabase, tmp_path: Path, rows: int, cfg: Path) -> Run:
             proc = start_cdcd("run", "--config", str(cfg), log_path=run.log)
             watch(
                 proc,
-                lambda m=mark, n=started_before: _all_done(tmp_path)
-                or (
-                    _rows_done(tmp_path) > total * m
-                    and len(run.lines("incremental snapshot of table")) > n
+                lambda m=mark, n=started_before: (
+                    _all_done(tmp_path)
+                    or (
+                        _rows_done(tmp_path) > total * m
+                        and len(run.lines("incremental snapshot of table")) > n
+                    )
                 ),
                 f"{mark:.0%}",
             )
