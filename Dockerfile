@@ -21,7 +21,8 @@
 # `python -m pip install -q --upgrade pip`, `python -m pip install -q -c constraints.txt .`
 # (the versions the tests ran with), whose build compiles
 # the per-row modules with mypyc, then `python -m cdcd.accel status --strict`), except that
-# the image installs the project non-editable; tests/unit/test_dockerfile.py holds them equal.
+# the image installs the project non-editable, its dependencies first (a cached layer);
+# tests/unit/test_dockerfile.py holds them equal.
 
 # The base of both stages. Where Docker Hub cannot be reached, `scripts/docker-base TAG` makes
 # a stand-in (Debian 12 with Python 3.11 by debootstrap, the machine's CA certificates, pip
@@ -41,11 +42,18 @@ ENV PIP_NO_CACHE_DIR=1 \
     PATH=/opt/cdcd/venv/bin:$PATH
 WORKDIR /src
 RUN python -m venv /opt/cdcd/venv
-COPY pyproject.toml setup.py README.md constraints.txt ./
+# cdcd's dependencies (pyproject.toml's [project] dependencies, at constraints.txt's versions)
+# in a layer of their own, before the sources: a rebuild after a change to cdcd/ alone reuses
+# it instead of downloading and installing them all again
+COPY pyproject.toml constraints.txt ./
+RUN python -m pip install -q --upgrade pip \
+ && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep=chr(10))" >/tmp/dependencies.txt \
+ && python -m pip install -q -c constraints.txt -r /tmp/dependencies.txt
+COPY setup.py README.md ./
 COPY cdcd ./cdcd
 # the C compiler's -O for the compiled modules (setup.py); tests build at 0 to save minutes
 ARG MYPYC_OPT_LEVEL=3
-RUN python -m pip install -q --upgrade pip && python -m pip install -q -c constraints.txt .
+RUN python -m pip install -q -c constraints.txt .
 # the build compiled them (setup.py); fails unless the installed package runs them compiled
 # (run from / so that /src/cdcd is not the one imported)
 RUN cd / && python -m cdcd.accel status --strict

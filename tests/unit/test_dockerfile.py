@@ -22,6 +22,8 @@ from tests.e2e import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 SETUP = REPO / "scripts" / "setup"
+#: where the build stage lists pyproject.toml's dependencies, to install them first
+DEPENDENCIES = "/tmp/dependencies.txt"
 
 
 @dataclass
@@ -161,11 +163,19 @@ def test_install_commands_are_the_setup_scripts(stages: list[Stage]) -> None:
     assert re.search(r"^\s*python -m pip install -q -c constraints\.txt -e \.\s*$", setup, re.M), (
         setup
     )
-    docker_pips = [cmd for run in stages[0].all("RUN") for cmd in pip_commands(run)]
+    runs = stages[0].all("RUN")
+    docker_pips = [cmd for run in runs for cmd in pip_commands(run)]
     assert docker_pips == [
         "python -m pip install -q --upgrade pip",
+        f"python -m pip install -q -c constraints.txt -r {DEPENDENCIES}",
         "python -m pip install -q -c constraints.txt .",
     ], docker_pips
+    # the dependencies first, in a layer the sources do not invalidate: pyproject.toml's list
+    (listing,) = [run for run in runs if f">{DEPENDENCIES}" in run]
+    assert "tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']" in listing
+    copied = [c.split()[:-1] for c in stages[0].all("COPY")]
+    assert copied[0] == ["pyproject.toml", "constraints.txt"], copied
+    docker_pips.remove(f"python -m pip install -q -c constraints.txt -r {DEPENDENCIES}")
     # pip's build compiles the mypyc modules (setup.py); both then check the form in use
     assert "python -m cdcd.accel status --strict" in setup
     assert any("python -m cdcd.accel status --strict" in run for run in stages[0].all("RUN"))
