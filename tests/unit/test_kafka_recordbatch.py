@@ -107,6 +107,33 @@ def test_a_released_buffer_builds_the_same_batch_again(codec: str, writer: str) 
     built = reused.build(CODECS[codec], 4242, 3, 17)
     assert built == _ours(CODECS[codec], (4242, 3, 17), writer)
     assert reused.build(CODECS[codec], 4242, 3, 17) == built  # a replay builds it again
+    # a new producer's replay, the buffer gone to another batch meanwhile: its own header
+    reused.release()
+    again = new_batch(1 << 20, writer)
+    for ts, key, value, head, seq, tail in RECORDS:
+        count = len(head) + len(tail) + (seq >= 0)
+        again.append(ts, key, value, encode_headers(head), seq, encode_headers(tail), count)
+    fresh = again.build(CODECS[codec], 99, 4, 1234, True)
+    assert reused.build(CODECS[codec], 99, 4, 1234, True) == fresh != built
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_a_sealed_batch_builds_without_its_buffer(codec: str) -> None:
+    """Compressed as it closes (``seal``), a batch gives its buffer up and builds the bytes an
+    unsealed one does; records that compression does not shrink keep their buffer."""
+    sealed = new_batch(1 << 20, "python")
+    for ts, key, value, head, seq, tail in RECORDS:
+        count = len(head) + len(tail) + (seq >= 0)
+        sealed.append(ts, key, value, encode_headers(head), seq, encode_headers(tail), count)
+    assert sealed.seal(CODECS[codec], 1) == (codec != "none")
+    if codec != "none":
+        buffer = sealed.release()
+        buffer[:] = b"\xff" * len(buffer)  # a next batch writes into it
+    want = _ours(CODECS[codec], (4242, 3, 17), "python")
+    assert sealed.build(CODECS[codec], 4242, 3, 17) == want
+    tiny = new_batch(1 << 20, "python")
+    assert tiny.append(1, b"k", b"v", b"", -1, b"", 0)
+    assert not tiny.seal(CODECS["zstd"], 1)  # larger compressed: sent as it is
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])

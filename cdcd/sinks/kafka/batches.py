@@ -7,9 +7,9 @@ only per-batch work itself (handing batches over, acknowledgements, replays, fai
 
 Records are written straight into their batch's buffer
 (:class:`cdcd.sinks.kafka.recordbatch.RecordBatch`): no object is kept per record, and the
-headers a transaction's records share are encoded once per transaction. A batch keeps its
-buffer until the broker acknowledged it, for a replay (:mod:`cdcd.sinks.kafka.sender`),
-and remembers where its first record came from (``Batch.where``) for error messages; a record
+headers a transaction's records share are encoded once per transaction. A batch keeps what
+it was built into (compressed) until the broker acknowledged it, for a replay
+(:mod:`cdcd.sinks.kafka.sender`), its buffer going to a later batch (``recycle``), and remembers where its first record came from (``Batch.where``) for error messages; a record
 that may be too large is checked as it is added (``check_size``).
 """
 
@@ -37,7 +37,7 @@ from cdcd.sinks.kafka.recordbatch import (
 )
 
 RECORD_OVERHEAD: Final = 64  # what a record counts for buffer_bytes beyond its key and value
-#: buffers of acknowledged batches kept for the next full batches (Batches.recycle)
+#: buffers of built batches kept for the next full batches (Batches.recycle)
 SPARE_BUFFERS: Final = 4
 
 _OP_HEADERS: Final = {op: encode_headers([("cdcd.op", op.encode())]) for op in "crudtm"}
@@ -94,6 +94,8 @@ class Batches:
         max_batch_size: int,
         max_request_size: int,
         check_size: Callable[[str, Record, bytes, Where], None],
+        codec: int = 0,
+        level: int = 1,
     ) -> None:
         self.prefix = prefix
         self.message_topic = message_topic
@@ -103,6 +105,8 @@ class Batches:
         self.max_batch_size = max_batch_size
         self.max_request_size = max_request_size
         self.check_size = check_size  # raises when the record is too large
+        self.codec = codec  # batches are compressed as they close (RecordBatch.seal)
+        self.level = level
         self.partitions: dict[str, list[int]] = {}  # known topics: their partitions, sorted
         # by (schema, table): (topic, "schema.table"); (None, None): (message topic, None)
         self.topics: dict[tuple[str | None, str | None], tuple[str, str | None]] = {}
@@ -114,7 +118,7 @@ class Batches:
         self.open: dict[tuple[str, int], Batch] = {}  # batches still taking records
         self.open_since = 0.0  # loop time the oldest open batch was started
         self.ready: deque[Batch] = deque()  # closed batches, to hand over in this order
-        self.spare: list[bytearray] = []  # buffers of acknowledged batches (recycle)
+        self.spare: list[bytearray] = []  # buffers of built batches (recycle)
         self.spare_limit = SPARE_BUFFERS  # how many of them are kept
         #: partitions whose large open batch was closed before it was full (close_open): their
         #: next batch takes a spare buffer, as one following a full batch does
@@ -220,7 +224,7 @@ class Batches:
             self.window_bytes += batch.size
         if not batch.records.append(ts, key, value, head, seq, tail, header_count):
             del self.open[tp]  # full: hand it over, start the next one
-            self.ready.append(batch)
+            self._close(batch)
             self.wake.set()
             spare = self.spare
             buffer = spare.pop() if spare else None
@@ -238,14 +242,22 @@ class Batches:
         for tp, batch in self.open.items():
             if batch.records.size() >= half:
                 self.cut.add(tp)
-            self.ready.append(batch)
+            self._close(batch)
         self.open.clear()
 
+    def _close(self, batch: Batch) -> None:
+        """``batch`` takes no more records: compressed now (its buffer goes to the next
+        batch at once, not after it was handed over and built), ready to be handed over."""
+        if batch.records.seal(self.codec, self.level):
+            self.recycle(batch)
+        self.ready.append(batch)
+
     def recycle(self, batch: Batch) -> None:
-        """The broker has ``batch``: keep its buffer for the next batch that follows a full
-        or a large one (up to ``spare_limit``). A large buffer is mapped on its own
-        (cdcd.runtime), and each of a fresh one's pages costs a page fault as it is first
-        written: a stream of full batches writes into the same few buffers instead."""
+        """``batch`` is compressed or built (a replay builds it from those bytes): keep its
+        buffer for the next batch that follows a full or a large one (up to ``spare_limit``).
+        A large buffer is mapped on its own (cdcd.runtime), and each of a fresh one's pages
+        costs a page fault as it is first written: a stream of full batches writes into the
+        same few buffers instead, also while many of them wait for the broker."""
         buffer = batch.records.release()
         if len(self.spare) < self.spare_limit and len(buffer) >= self.max_batch_size // 2:
             self.spare.append(buffer)

@@ -4,6 +4,7 @@ exceptions (docs/kafka.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from aiokafka import errors as kerrors
@@ -50,15 +51,22 @@ class BuiltBatch(BatchBuilder):  # type: ignore[misc]
     aiokafka asks a batch for ``record_count()``, ``closed()``, ``close()``, and at send time
     ``_set_producer_state(...)`` (the idempotent producer's id, epoch and sequence, written
     into the header) and ``_build()`` (the bytes); this is all of that, for any aiokafka from
-    0.8 on (``send_batch``'s contract). One is made per hand-over: a replay builds again."""
+    0.8 on (``send_batch``'s contract). One is made per hand-over: a replay builds again.
+    ``built`` is called once the bytes exist (the records' buffer may go to the next batch)."""
 
     def __init__(
-        self, records: Any, codec: int, transactional: bool = False, level: int = 1
+        self,
+        records: Any,
+        codec: int,
+        transactional: bool = False,
+        level: int = 1,
+        built: Callable[[], None] | None = None,
     ) -> None:
         self._records = records  # no BatchBuilder.__init__: no aiokafka builder behind it
         self._codec = codec
         self._level = level
         self._transactional = transactional  # written in a Kafka transaction
+        self._built = built
         self._state = (-1, -1, -1)
         self._buffer: bytes | None = None
         self._closed = True
@@ -82,6 +90,8 @@ class BuiltBatch(BatchBuilder):  # type: ignore[misc]
             self._buffer = self._records.build(
                 self._codec, *self._state, self._transactional, self._level
             )
+            if self._built is not None:
+                self._built()
         return self._buffer
 
     def size(self) -> int:

@@ -52,6 +52,7 @@ _HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 _ATTRIBUTES_OFFSET: Final = 21  # the CRC covers the batch from here on
 TRANSACTIONAL: Final = 0x10  # the attributes bit of a batch written in a Kafka transaction
 _CRC: Final = struct.Struct(">I")
+_CODEC_BITS: Final = 0x07  # of the attributes' low byte
 CODECS: Final = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 _SEQ_KEY: Final = b"\x10cdcd.seq"  # keyLength varint (8) and the key of the cdcd.seq header
 #: an upper bound of what a record adds beyond its key, value and headers (aiokafka's: 21)
@@ -147,6 +148,11 @@ class RecordBatch:
         self.count = 0
         self.first_ts = 0
         self.max_ts = 0
+        #: the records compressed with ``codec`` (:meth:`seal`), until built
+        self.payload: bytes | None = None
+        self.codec = 0
+        #: the batch as first built (its producer state is rewritten when built again)
+        self.built: bytes | None = None
         #: cdcd._kafkarec.kafka_record, or :func:`write_record_python` where it is not in use
         self.write_record: WriteRecord = (
             write_record_python if C_KAFKA_RECORD is None else C_KAFKA_RECORD
@@ -192,6 +198,25 @@ class RecordBatch:
         self.count = count + 1
         return True
 
+    def seal(self, codec: int, level: int = 1) -> bool:
+        """Compress the records now, with ``codec`` at ``level``: True when that made them
+        smaller, and then the buffer is no longer needed (:meth:`release`). A batch closed
+        early while the ones before it wait for the broker holds its compressed records
+        instead of its buffer, so a window of such batches takes a few buffers, not one each."""
+        if codec == 0 or self.payload is not None or self.built is not None:
+            return self.payload is not None or self.built is not None
+        size = self.pos - HEADER_SIZE
+        records = memoryview(self.buffer)[HEADER_SIZE : self.pos]
+        if codec == 4:
+            compressed = zstd_compressor(level).compress(records)
+        else:
+            compressed = _compress(codec, bytes(records), level)
+        if len(compressed) >= size:
+            return False
+        self.payload = compressed
+        self.codec = codec
+        return True
+
     def build(
         self,
         codec: int,
@@ -203,23 +228,38 @@ class RecordBatch:
     ) -> bytes:
         """The batch as sent: header, records (compressed with ``codec`` at ``level`` when that
         makes them smaller; snappy has no level), CRC; ``transactional``: part of a Kafka
-        transaction of the producer. The same records can be built again (a replay)."""
-        size = self.pos - HEADER_SIZE
-        records = memoryview(self.buffer)[HEADER_SIZE : self.pos]
+        transaction of the producer. The same records can be built again (a replay, with a new
+        producer state) from what the first build returned, after :meth:`release` too."""
         attributes = TRANSACTIONAL if transactional else 0
         out: bytearray | memoryview | None = None
-        if codec != 0:
-            if codec == 4:
-                compressed = zstd_compressor(level).compress(records)
-            else:
-                compressed = _compress(codec, bytes(records), level)
-            if len(compressed) < size:
-                out = bytearray(HEADER_SIZE)
-                out += compressed
-        if out is None:  # uncompressed: the header goes in front of the records, in place
-            out = memoryview(self.buffer)[: self.pos]
-        else:
+        if self.built is not None:  # again: the records as first built, a new header
+            out = bytearray(self.built)
+            codec = out[_ATTRIBUTES_OFFSET + 1] & _CODEC_BITS
             attributes |= codec
+            return self._finish(out, attributes, producer_id, producer_epoch, base_sequence)
+        payload = self.payload
+        if payload is None and self.seal(codec, level):
+            payload = self.payload
+        if payload is not None:
+            out = bytearray(HEADER_SIZE)
+            out += payload
+            attributes |= self.codec
+        else:  # uncompressed: the header goes in front of the records, in place
+            out = memoryview(self.buffer)[: self.pos]
+        built = self._finish(out, attributes, producer_id, producer_epoch, base_sequence)
+        self.built = built
+        self.payload = None  # in built
+        return built
+
+    def _finish(
+        self,
+        out: bytearray | memoryview,
+        attributes: int,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+    ) -> bytes:
+        """``out`` (room for the header, then the records as sent) with its header and CRC."""
         _HEADER.pack_into(
             out,
             0,
@@ -237,11 +277,12 @@ class RecordBatch:
             base_sequence,
             self.count,
         )
-        _CRC.pack_into(out, 17, calc_crc32c(out[_ATTRIBUTES_OFFSET:]))
+        _CRC.pack_into(out, 17, calc_crc32c(memoryview(out)[_ATTRIBUTES_OFFSET:]))
         return bytes(out)
 
     def release(self) -> bytearray:
-        """Give the buffer up (the broker has the batch), for a new batch to write into."""
+        """Give the buffer up once the batch is built (a replay builds it again from
+        ``built``), for a new batch to write into."""
         buffer, self.buffer = self.buffer, bytearray()
         return buffer
 

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -273,6 +274,7 @@ class Sender:
                     CODECS[self.config.compression],
                     self.transactional_id is not None,
                     self.level,
+                    partial(self.batches.recycle, batch),
                 )
                 future = await self.producer.send_batch(
                     built, batch.topic, partition=batch.partition
@@ -391,7 +393,6 @@ class Sender:
         self.batches.window_records -= batch.records.count
         self.batches.window_bytes -= batch.size
         self.stats["records_acked"] += batch.records.count
-        self.batches.recycle(batch)
 
     def _delivery_failed(self, head: Batch, exc: BaseException) -> None:
         if self.failure is not None or self._replay_task is not None:

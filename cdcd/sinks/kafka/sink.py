@@ -38,7 +38,7 @@ window of unacknowledged batches and transaction ends, replays, the one place ai
 exceptions are translated); ``exactly_once``: :mod:`cdcd.sinks.kafka.exactly_once`. The window
 is bounded by ``buffer_records`` and ``buffer_bytes`` (key and value bytes plus 64 per record; a
 batch's buffer, grown by doubling, holds up to twice its records' bytes, a batch writing into
-the buffer of an acknowledged one counts a third of it besides, and ``buffered_bytes`` reports
+the buffer of a built one counts a third of it besides, and ``buffered_bytes`` reports
 three times the counted bytes; ``buffer_bytes`` is lowered to a third of the sink's
 ``memory_budget``, its share of ``buffer.memory_limit``, when that is smaller): ``write`` waits
 for acknowledgements beyond them, which blocks the pipeline while the broker is away instead of
@@ -61,7 +61,7 @@ from cdcd.sinks.base import Sink, SinkContext, run_events
 from cdcd.sinks.kafka.batches import Batches
 from cdcd.sinks.kafka.client import KafkaSinkConfig, compression_available
 from cdcd.sinks.kafka.exactly_once import KafkaTransactions
-from cdcd.sinks.kafka.recordbatch import Record, Where, encode_headers, record_size
+from cdcd.sinks.kafka.recordbatch import CODECS, Record, Where, encode_headers, record_size
 from cdcd.sinks.kafka.sender import Sender
 
 if TYPE_CHECKING:
@@ -101,6 +101,8 @@ class KafkaSink(Sink):
             max_batch_size=config.max_batch_size,
             max_request_size=config.max_request_size,
             check_size=self._check_size,
+            codec=CODECS[config.compression],
+            level=config.level(),
         )
         self._window = self._batches.window  # batches and transaction end LSNs
         # exactly once (docs/kafka.md): the window is released only by a Kafka commit
