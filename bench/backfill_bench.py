@@ -9,6 +9,9 @@ updates, deletes of random keys in one statement each). Reported per run:
                     recorded done in the state file
 ``ratio_vs_copy``   over ``COPY (SELECT * FROM s1) TO STDOUT`` into /dev/null over one
                     connection, timed in the same run
+``table_seconds``   the daemon's own seconds for the table, from its first query to done (the
+                    ``cdcd snapshot`` command's start-up and the request's way through the
+                    stream left out); ``table_ratio_vs_copy``: COPY's seconds over these
 ``cpu_us_per_row``  the daemon's user + system CPU over the backfill, per row
 ``peak_rss_mb``     the daemon's peak RSS (VmHWM)
 ``dropped``         rows the watermark windows dropped (the stream carried newer images)
@@ -230,6 +233,7 @@ def backfill(
             "chunks": done_line["chunks"],
             "seconds": round(seconds, 2),
             "rows_per_s": round(done_line["rows"] / seconds),
+            "table_seconds": done_line["seconds"],
             "cpu_us_per_row": round(1e6 * (cpu1 - cpu0) / max(done_line["rows"], 1), 2),
             "peak_rss_mb": round(hwm / 1024, 1),
             "writes": writes.done if writes is not None else 0,
@@ -372,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["copy_rows_per_s"] = round(args.rows / copy)
                 if "rows_per_s" in result:  # not for a killed run
                     result["ratio_vs_copy"] = round(result["rows_per_s"] * copy / args.rows, 3)
+                    result["table_ratio_vs_copy"] = round(copy / result["table_seconds"], 3)
                 result["load_avg"] = os.getloadavg()[0]
                 print(json.dumps(result), flush=True)
                 results.append(result)
