@@ -260,7 +260,7 @@ class SnapshotConfig(_Model):
     #: rows per chunk of an incremental snapshot at most: the size adapts below it, and within
     #: a share of buffer.memory_limit (docs/snapshots.md "Backfill speed"); the initial
     #: snapshot's rows handed but not recorded durable, at most (what a kill emits again)
-    chunk_rows: int = Field(default=32_768, ge=1)
+    chunk_rows: int = Field(default=131_072, ge=1)
     #: chunks queued but not yet durable in every sink (and so not recorded) at most: what a
     #: crash may emit again; throughput is at most this many chunks per sink flush interval
     chunks_in_flight: int = Field(default=4, ge=1)

@@ -265,7 +265,7 @@ def test_a_million_rows_under_writes_and_kill_9(pg_db: PgDatabase, tmp_path: Pat
     cfg = write_config(tmp_path, pg_db.dsn, snapshot="incremental")
     data = yaml.safe_load(cfg.read_text())  # chunks_in_flight, flush: defaults
     data["sinks"][0]["rollover_seconds"] = 3600
-    # at the default ceiling (32,768 rows) a table takes about a second and the snapshot
+    # at the default ceiling (131,072 rows) a table takes about a second and the snapshot
     # ends before the kills are made; small chunks keep them inside it (as for Kafka below)
     data["snapshot"]["chunk_rows"] = 2048
     cfg.write_text(yaml.safe_dump(data))
@@ -288,7 +288,7 @@ async def test_kafka_rows_emitted_again_after_kill_9(
         "bootstrap_servers": kafka_broker.bootstrap,
     }
     cfg = write_config(tmp_path, pg_db.dsn, sinks=[sink], name=name, snapshot="incremental")
-    # What a kill emits again is bounded in chunks: at the adaptive size's ceiling (32,768
+    # What a kill emits again is bounded in chunks: at the adaptive size's ceiling (131,072
     # rows) the chunks in flight of four tables over the kills exceed 5 % of the rows, so the
     # ceiling is set where the bound below measures the mechanism, not the chunk size.
     config = yaml.safe_load(cfg.read_text())
