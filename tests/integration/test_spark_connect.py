@@ -22,9 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Tests of test_spark_incremental.py that run again under Spark Connect: the batch jobs, MERGE
 #: into Delta in batches with a replay and the stream into Delta with schema changes (its
 #: ``foreachBatch`` runs in Python workers of the server). (The CLI help and the spark-submit
-#: run start no session of the test's; the other MERGE paths run the same statements.)
+#: run start no session of the test's; the command line's apply and history run the jobs
+#: tested here; the other MERGE paths run the same statements.)
 UNDER_CONNECT = (
-    "latest_state or history or schema_from_files or apply_to_delta_in_batches or stream_to_delta"
+    "(latest_state or history or schema_from_files or apply_to_delta_in_batches"
+    " or stream_to_delta) and not cli"
 )
 
 
