@@ -41,6 +41,7 @@ from tests.integration.test_s3_crash import s3  # noqa: F401
 from tests.kafkaharness import KafkaBroker
 from tests.pgharness import PgDatabase
 from tests.s3harness import S3Store
+from tests.sparkutil import TEST_JVM_OPTIONS
 
 pytest.importorskip("pyspark")
 
@@ -143,15 +144,17 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 240) 
 class SparkStream:
     """``python -m cdcd.spark stream --continuous`` as a child process (its own JVM), killable."""
 
-    def __init__(self, args: list[str], log_path: Path, checkpoint: Path, env: dict[str, str]):
+    def __init__(self, args: list[str], log_path: Path, checkpoint: Path, submit: str = ""):
+        """``submit``: spark-submit options for the child's JVM (``PYSPARK_SUBMIT_ARGS``)."""
         self.checkpoint = checkpoint
         self.log_path = log_path
+        submit = f"--driver-java-options '{TEST_JVM_OPTIONS}' {submit} pyspark-shell"
         with log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cdcd.spark", "stream", *args, "--continuous"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **env},
+                env={**os.environ, "PYSPARK_SUBMIT_ARGS": submit},
             )
 
     def batches(self, kind: str) -> set[int]:
@@ -317,7 +320,7 @@ async def test_postgres_to_kafka_to_delta_with_faults(
     args = ["--kafka-bootstrap", kafka_cluster.bootstrap, "--name", name, "--table", TABLE]
     args += ["--output", str(output), "--checkpoint", str(checkpoint), "--read-committed"]
     args += ["--master", "local[1]"]
-    stream = SparkStream(args, tmp_path / "spark.log", checkpoint, {})
+    stream = SparkStream(args, tmp_path / "spark.log", checkpoint)
     children.append(stream)
     await faults(pg_db, daemon, stream, f"cdcd_{name}", kafka_cluster)
     query = stream_table(
@@ -368,9 +371,8 @@ async def test_postgres_to_s3_files_to_iceberg_with_faults(
     args += ["--checkpoint", str(checkpoint), "--master", "local[1]"]
     args += ["--stored-as-scd-type", "2"]  # history: a replayed batch must not double a version
     submit = " ".join(f"--conf {k}={v}" for k, v in settings.items())
-    env = {"PYSPARK_SUBMIT_ARGS": f"{submit} pyspark-shell"}
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {ICEBERG_CATALOG}.e2e")
-    stream = SparkStream(args, tmp_path / "spark.log", checkpoint, env)
+    stream = SparkStream(args, tmp_path / "spark.log", checkpoint, submit)
     children.append(stream)
     await faults(pg_db, daemon, stream, f"cdcd_{name}")
     for key, value in settings.items():  # the session's Hadoop settings, at run time

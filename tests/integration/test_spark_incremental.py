@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.sparkutil import (
+    TEST_JVM_OPTIONS,
     UNAVAILABLE,
     change_event,
     key_change,
@@ -252,6 +253,7 @@ def test_cli_stream_under_spark_submit(spark: Any, key_changes: Path, tmp_path: 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     out = tmp_path / "orders"
     cmd = [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+    cmd += ["--driver-java-options", TEST_JVM_OPTIONS]
     for key, value in {**jar_conf(), **table_conf()}.items():
         cmd += ["--conf", f"{key}={value}"]
     cmd += [spark_cli.__file__, "stream", "--input", str(key_changes), "--table", TABLE]
