@@ -677,6 +677,42 @@ async def test_exactly_once_commit_inside_a_write_claims_what_it_holds(
     assert sorted(int(dict(r.headers)["cdcd.seq"]) for r in records) == [e.seq for e in events]
 
 
+async def test_exactly_once_flush_while_the_writer_begins_a_commit(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """A flush waiting for the Kafka commit under way, while the writer, woken by the same
+    commit, begins the next one (its window full): the flush waits for that one too and
+    commits what was added after it, instead of failing "one commit at a time"."""
+    name = unique_name()
+    txn, events = TxnBuilder().next([("c", "orders", {"id": i}) for i in range(6)])
+    sink = make_sink(kafka_broker, name, exactly_once=True)
+    await sink.start()
+    try:
+        txns = sink._txns
+        assert txns is not None
+        await sink.begin(txn)
+        await sink.write(events[:2])
+        txns.begin_commit()
+
+        async def writer() -> None:
+            await txns.make_room()  # woken first: it waited first
+            await sink.write(events[2:4])
+            txns.begin_commit()
+
+        task = asyncio.get_running_loop().create_task(writer())
+        await asyncio.sleep(0)
+        await sink.flush()
+        await task
+        await sink.write(events[4:])
+        await sink.commit(txn)
+        await sink.flush()
+        assert sink.durable_lsn() == txn.end_lsn
+    finally:
+        await sink.close()
+    records = await consume_committed(kafka_broker.bootstrap, [f"{name}.public.orders"], 6)
+    assert sorted(int(dict(r.headers)["cdcd.seq"]) for r in records) == [e.seq for e in events]
+
+
 async def test_exactly_once_start_after_a_commit_cut_short(kafka_broker: KafkaBroker) -> None:
     """cdcd killed while committing: its position record was sent, the commit never came, and
     the successor's InitProducerId aborts it. The position topic then ends with aborted

@@ -137,8 +137,13 @@ class KafkaTransactions:
     # --- the commit ------------------------------------------------------------------------
 
     async def commit(self) -> None:
-        """Commit everything added so far, and wait until it is committed (a flush)."""
+        """Commit everything added so far, and wait until it is committed (a flush). The
+        writer may begin a commit of its own (a full window) while this waits for the one
+        under way: that one holds only what was added before it began, so wait for it too
+        and begin one after it."""
         await self.committed()
+        while self._commit_task is not None:
+            await self.committed()
         self.begin_commit()
         await self.committed()
 
