@@ -4,22 +4,30 @@
 holds the table's columns plus ``_cdc_commit_lsn`` and ``_cdc_seq`` (the position of each
 row's newest event; with ``tombstones=True`` also ``_cdc_deleted``):
 
-1. the target rows of the batch's keys (and of key-change creates' ``old_key``) are read;
-2. :func:`cdcd.spark.state.apply_changes` folds the batch onto them: the latest event per key
-   by ``(commit_lsn, seq)``, unchanged TOAST values and key changes filled, deletes as
-   tombstones, a truncate cutting every older row;
+1. one pass over the batch (:func:`batch_facts`) finds how many events it holds, its newest
+   truncate, the range of its keys and whether a key-change create in it leaves TOASTed
+   columns unchanged (its values are those of the old key's row);
+2. :func:`cdcd.spark.state.apply_changes` folds the batch: the latest event per key by
+   ``(commit_lsn, seq)``, unchanged TOAST values filled from earlier events of the batch,
+   deletes as tombstones, a truncate cutting every older row. Without such a create the
+   batch is folded on its own, and each row names the columns no event gave a value for
+   (an unchanged TOAST value, the values a key change's delete half keeps): the MERGE takes
+   them from the target row (``CASE WHEN ... THEN t.c``). With one, the target rows of the
+   batch's keys (and of the creates' ``old_key``) are read and the batch folded onto them,
+   keeping only the rows the batch changes (a replayed batch changes none: no MERGE);
 3. one ``MERGE INTO`` (:func:`merge_sql`) writes the result: a matched row is updated only
    when the incoming position is newer, deleted when the incoming row is a delete (or, with
    ``tombstones=True``, kept as a tombstone so that a replayed older event cannot insert it
    again), a new key is inserted unless deleted; with a truncate in the batch,
-   ``WHEN NOT MATCHED BY SOURCE`` deletes every row older than the truncate.
+   ``WHEN NOT MATCHED BY SOURCE`` deletes every row older than the truncate. These position
+   conditions alone keep a batch folded on its own idempotent.
 
-What a batch costs is what the MERGE rewrites and scans, so only the rows the batch changes
-go into it (a replayed batch changes none and runs no MERGE), and with integral keys both the
-read of step 1 and the MERGE's target side are bounded to the batch's key range (data
-skipping: files and row groups outside it are not read). A Delta table with deletion vectors
-(``delta.enableDeletionVectors``, set by :func:`cdcd.spark.tables.prepare_table`) marks the
-replaced rows instead of copying every other row of the files they sit in.
+What a batch costs is the fixed cost of each Spark job it runs and what the MERGE scans and
+writes. With integral keys the MERGE's target side (and the read of step 2) is bounded to the
+batch's key range (data skipping: files and row groups outside it are not read). A Delta
+table with deletion vectors (``delta.enableDeletionVectors``, set by
+:func:`cdcd.spark.tables.prepare_table`) marks the replaced rows instead of copying every
+other row of the files they sit in.
 
 The statement is the same for Delta Lake and Iceberg (``WHEN NOT MATCHED BY SOURCE`` needs
 Iceberg 1.5+); the suite runs it on the versions of :data:`cdcd.spark.session.PACKAGES`.
@@ -30,10 +38,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ByteType, DataType, IntegerType, LongType, ShortType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    ByteType,
+    DataType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StructType,
+)
 
 from cdcd.spark.columns import (
     COMMIT_LSN,
@@ -43,8 +60,9 @@ from cdcd.spark.columns import (
     default_key_columns,
     key_value,
     row_type,
+    source_field,
 )
-from cdcd.spark.state import apply_changes
+from cdcd.spark.state import UNKNOWN, apply_changes
 
 
 def _q(name: str) -> str:
@@ -71,11 +89,14 @@ def merge_sql(
     truncate: tuple[int, int] | None = None,
     tombstones: bool = False,
     key_range: KeyRange | None = None,
+    unknown: bool = False,
 ) -> str:
     """The ``MERGE INTO`` statement applying the rows of the view ``source`` (an
     :func:`~cdcd.spark.state.apply_changes` result) to the table ``target``. ``key_range``
     (every source row's key within it) bounds the target side of the join; it is left out
-    with a truncate, whose ``WHEN NOT MATCHED BY SOURCE`` must see every row."""
+    with a truncate, whose ``WHEN NOT MATCHED BY SOURCE`` must see every row. ``unknown``:
+    the source has :data:`~cdcd.spark.state.UNKNOWN`, the columns an update keeps from the
+    target row."""
     if not keys:
         raise ValueError("MERGE needs key columns (the table has no key)")
     written = [*columns, COMMIT_LSN, SEQ, *([DELETED] if tombstones else [])]
@@ -83,7 +104,14 @@ def merge_sql(
     if key_range is not None and truncate is None:
         name, low, high = key_range
         on += f" AND t.{_q(name)} BETWEEN {int(low)} AND {int(high)}"
-    assign = ", ".join(f"t.{_q(c)} = s.{_q(c)}" for c in written)
+
+    def value(c: str) -> str:
+        if not unknown or c in keys or c not in columns:
+            return f"s.{_q(c)}"
+        kept = "'" + c.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return f"CASE WHEN array_contains(s.{UNKNOWN}, {kept}) THEN t.{_q(c)} ELSE s.{_q(c)} END"
+
+    assign = ", ".join(f"t.{_q(c)} = {value(c)}" for c in written)
     names = ", ".join(_q(c) for c in written)
     values = ", ".join(f"s.{_q(c)}" for c in written)
     lines = [f"MERGE INTO {target} AS t", f"USING {source} AS s", f"ON {on}"]
@@ -122,49 +150,90 @@ def key_values(events: DataFrame, keys: list[str], types: dict[str, DataType]) -
 BROADCAST_KEYS = 100_000
 
 
-def _touched(touched: DataFrame, keys: Sequence[str]) -> tuple[int, KeyRange | None]:
-    """How many keys ``touched`` holds and the range of the first key column, when integral."""
-    integral = isinstance(touched.schema[keys[0]].dataType, _INTEGRAL)
-    bounds = (F.min(keys[0]), F.max(keys[0])) if integral else (F.lit(None), F.lit(None))
-    count, low, high = touched.agg(F.count(F.lit(1)), *bounds).collect()[0]
-    return int(count), (None if low is None else (keys[0], int(low), int(high)))
+@dataclass(frozen=True, slots=True)
+class BatchFacts:
+    """What one pass over a batch's events finds (:func:`batch_facts`): how many events and
+    row events, the newest ``commit_lsn``, the newest truncate, the range of the first key
+    column (when integral; key-change creates' ``old_key`` included) and ``links``: some
+    key-change create leaves TOASTed columns unchanged (its values come from the old key's
+    row, which only a read of the target finds)."""
+
+    events: int
+    row_events: int
+    commit_lsn: int | None
+    truncate: tuple[int, int] | None
+    key_range: KeyRange | None
+    links: bool
 
 
-def merge_source(
+def batch_facts(events: DataFrame, keys: Sequence[str]) -> BatchFacts:
+    """:class:`BatchFacts` of one table's ``events`` with the key columns ``keys`` (empty for
+    a table without a key), in one Spark job."""
+    is_row = F.col("op").isin(*ROW_OPS)
+    position = F.struct(F.col("source.commit_lsn").cast("long"), F.col("source.seq").cast("long"))
+    old_key = source_field(events, "old_key")
+    links = F.lit(False)
+    if isinstance(old_key, StructType) and isinstance(
+        source_field(events, "unchanged_toast"), ArrayType
+    ):
+        links = (
+            (F.col("op") == "c")
+            & F.col("source.old_key").isNotNull()
+            & (F.coalesce(F.size("source.unchanged_toast"), F.lit(0)) > 0)
+        )
+    measures = [
+        F.count(F.lit(1)),
+        F.count(F.when(is_row, 1)),
+        F.max("source.commit_lsn"),
+        F.max(F.when(F.col("op") == "t", position)),
+        F.max(links.cast("int")),
+    ]
+    types = {f.name: f.dataType for f in row_type(events).fields} if keys else {}
+    first = keys[0] if keys and keys[0] in types else None
+    if first is not None and isinstance(types[first], _INTEGRAL):
+        low = high = key_value(events, first, types[first])
+        if isinstance(old_key, StructType) and first in old_key.names:
+            old = F.col("source.old_key").getField(first).cast(types[first])
+            low, high = F.least(low, old), F.greatest(high, old)
+        measures += [F.min(F.when(is_row, low)), F.max(F.when(is_row, high))]
+    else:
+        measures += [F.lit(None), F.lit(None)]
+    count, rows, lsn, cut, linked, low, high = events.agg(*measures).collect()[0]
+    return BatchFacts(
+        events=int(count),
+        row_events=int(rows),
+        commit_lsn=None if lsn is None else int(lsn),
+        truncate=None if cut is None else (int(cut[0]), int(cut[1])),
+        key_range=None if low is None or first is None else (first, int(low), int(high)),
+        links=bool(linked),
+    )
+
+
+def held_rows(
     spark: SparkSession,
     events: DataFrame,
     target: str,
-    key_columns: Sequence[str] | None = None,
+    keys: list[str],
+    facts: BatchFacts,
     tombstones: bool = False,
-) -> tuple[DataFrame, list[str], list[str], tuple[int, int] | None, KeyRange | None]:
-    """The rows to merge (a DataFrame: only those the batch changes), the key and row
-    columns, the batch's newest truncate position and the range of its keys."""
-    keys = list(default_key_columns(events) if key_columns is None else key_columns)
-    if not keys:
-        raise ValueError("MERGE needs key columns (the table has no key)")
+) -> DataFrame:
+    """The batch folded onto the target rows of its keys (and of key-change creates'
+    ``old_key``): only the rows the batch changes."""
     types = {f.name: f.dataType for f in row_type(events).fields}
-    columns = list(types)
     current = spark.table(target)
     if not tombstones:
         current = current.withColumn(DELETED, F.lit(False))
-    touched = key_values(events, keys, types).distinct().localCheckpoint()
-    count, bounds = _touched(touched, keys)
-    if bounds is not None:
-        current = current.where(F.col(bounds[0]).between(bounds[1], bounds[2]))
-    if count <= BROADCAST_KEYS:
+    touched = key_values(events, keys, types).distinct()
+    if facts.key_range is not None:
+        name, low, high = facts.key_range
+        current = current.where(F.col(name).between(low, high))
+    if facts.row_events <= BROADCAST_KEYS:
         touched = F.broadcast(touched)
     held = current.join(touched, on=keys, how="left_semi").localCheckpoint()
     rows = apply_changes(held, events, keys)
     # a key whose newest position is the one the table holds is unchanged: nothing to write
     position = [*keys, COMMIT_LSN, SEQ]
-    rows = rows.join(held.select(*position), on=position, how="left_anti")
-    cut = (
-        events.where(F.col("op") == "t")
-        .agg(F.max(F.struct("source.commit_lsn", "source.seq")).alias("p"))
-        .collect()[0]["p"]
-    )
-    truncate = (int(cut[0]), int(cut[1])) if cut is not None else None
-    return rows, keys, columns, truncate, bounds
+    return rows.join(held.select(*position), on=position, how="left_anti")
 
 
 def merge_changes(
@@ -174,17 +243,33 @@ def merge_changes(
     key_columns: Sequence[str] | None = None,
     tombstones: bool = False,
     into_empty: bool = False,
+    facts: BatchFacts | None = None,
 ) -> str | None:
     """Apply one batch of ``events`` to the table ``target`` with ``MERGE INTO``; returns the
-    statement that ran, or None when the batch changes nothing (a replay). ``into_empty``:
-    the table is empty (just created), so the rows are appended instead, sorted by key into
-    files of disjoint key ranges, which later batches' key ranges skip."""
-    events = events.localCheckpoint()
-    rows, keys, columns, truncate, bounds = merge_source(
-        spark, events, target, key_columns, tombstones
-    )
+    statement that ran, or None when none ran (a batch without row events or truncates, or a
+    replay found to change nothing). ``into_empty``: the table is empty (just created), so the
+    rows are appended instead, sorted by key into files of disjoint key ranges, which later
+    batches' key ranges skip. ``facts``: the events' :func:`batch_facts` when the caller has
+    them; the events are then taken as cached (checkpoint them: they are read several
+    times)."""
+    keys = list(default_key_columns(events) if key_columns is None else key_columns)
+    if not keys:
+        raise ValueError("MERGE needs key columns (the table has no key)")
+    if facts is None:
+        events = events.localCheckpoint()
+        facts = batch_facts(events, keys)
+    if not facts.row_events and facts.truncate is None:
+        return None
+    columns = row_type(events).names
+    unknown = not facts.links and not into_empty
+    if into_empty:
+        rows = apply_changes(None, events, keys)
+    elif unknown:
+        rows = apply_changes(None, events, keys, unknown=True)
+    else:
+        rows = held_rows(spark, events, target, keys, facts, tombstones)
     rows = rows.localCheckpoint()
-    if truncate is None and rows.isEmpty():
+    if not unknown and facts.truncate is None and rows.isEmpty():
         return None
     view = f"cdcd_merge_{uuid.uuid4().hex[:12]}"
     if into_empty:
@@ -198,7 +283,9 @@ def merge_changes(
             written += f", {DELETED}" if tombstones else ""
             sql = f"INSERT INTO {target} ({written}) SELECT {written} FROM {view}"
         else:
-            sql = merge_sql(target, view, keys, columns, truncate, tombstones, bounds)
+            sql = merge_sql(
+                target, view, keys, columns, facts.truncate, tombstones, facts.key_range, unknown
+            )
         spark.sql(sql)
     finally:
         spark.catalog.dropTempView(view)

@@ -99,6 +99,8 @@ TS_US = "_cdc_ts_us"  # commit time of the event (source.ts_us), null for state 
 _OLD = "_cdc_old"
 _SEG = "_cdc_seg"
 _LINE = "_cdc_line"
+#: the columns of a row that its batch gave no value for (``apply_changes(unknown=True)``)
+UNKNOWN = "_cdc_unknown"
 MAX_LINK_ROUNDS = 64  # pointer doubling: resolves chains of up to 2**64 key changes
 
 
@@ -138,11 +140,22 @@ def _prepare(
 
 
 def apply_changes(
-    state: DataFrame | None, events: DataFrame, key_columns: Sequence[str] | None = None
+    state: DataFrame | None,
+    events: DataFrame,
+    key_columns: Sequence[str] | None = None,
+    *,
+    unknown: bool = False,
 ) -> DataFrame:
     """The state after applying a batch of ``events`` to ``state`` (a previous result of this
     function, or None for an empty table). Idempotent: events at or before a key's position in
-    the state are ignored, duplicates within the batch are dropped."""
+    the state are ignored, duplicates within the batch are dropped.
+
+    ``unknown`` (with ``state`` None, for a batch without key-change creates leaving TOASTed
+    columns unchanged): each row also carries :data:`UNKNOWN`, the names of the columns whose
+    value no event of the batch gave (an unchanged TOAST value, or the values a key change's
+    delete half keeps), null in the row: a MERGE takes them from the target row."""
+    if unknown and state is not None:
+        raise ValueError("unknown columns are for a batch folded on its own (no state)")
     keys, types, events = _prepare(state, events, key_columns)
     truncate = (
         events.where(F.col("op") == "t")
@@ -154,7 +167,7 @@ def apply_changes(
         truncate_positions = events.where(F.col("op") == "t").select(COMMIT_LSN, SEQ)
         return apply_keyless(state, rows, truncate, truncate_positions, types)
     others = [c for c in types if c not in keys]
-    versions = _versions(state, rows, keys, types)
+    versions = _versions(state, rows, keys, types, unknown)
     by_key = Window.partitionBy(*keys).orderBy(COMMIT_LSN, SEQ, ORDER)
     newest = (
         versions.withColumn("_cdc_last", F.lead(COMMIT_LSN).over(by_key).isNull())
@@ -164,13 +177,15 @@ def apply_changes(
     cut = F.col(TRUNC_LSN).isNotNull() & later(TRUNC_LSN, TRUNC_SEQ, COMMIT_LSN, SEQ)
     deleted = cut | (F.col(OP) == "d")
     shown = ~deleted | (~cut & F.col(KEEP))
+    marks = [F.when(shown & F.col(_unknown(c)), F.lit(c)) for c in others] if unknown else []
     return newest.select(
         *(F.col(k) for k in keys),
         *(F.when(shown, F.col(c)).alias(c) for c in others),
         F.when(cut, F.col(TRUNC_LSN)).otherwise(F.col(COMMIT_LSN)).alias(COMMIT_LSN),
         F.when(cut, F.col(TRUNC_SEQ)).otherwise(F.col(SEQ)).alias(SEQ),
         deleted.alias(DELETED),
-    ).select(*types, *METADATA)
+        *([F.array_compact(F.array(*marks)).alias(UNKNOWN)] if marks else []),
+    ).select(*types, *METADATA, *([UNKNOWN] if marks else []))
 
 
 def row_versions(events: DataFrame, key_columns: Sequence[str] | None = None) -> DataFrame:
@@ -196,10 +211,20 @@ def truncates(events: DataFrame) -> DataFrame:
 # ------------------------------------------------------------------------------ keyed tables
 
 
+def _unknown(column: str) -> str:
+    return f"_cdc_unknown_{column}"
+
+
 def _versions(
-    state: DataFrame | None, rows: DataFrame, keys: list[str], types: dict[str, DataType]
+    state: DataFrame | None,
+    rows: DataFrame,
+    keys: list[str],
+    types: dict[str, DataType],
+    unknown: bool = False,
 ) -> DataFrame:
-    """State rows and events of a keyed table, each with the whole row after it."""
+    """State rows and events of a keyed table, each with the whole row after it; with
+    ``unknown``, per column whether no earlier event gave its value (``_cdc_unknown_<c>``),
+    and key-change creates are not linked to their old key (the caller has none)."""
     others = [c for c in types if c not in keys]
     changes = _changes(state, rows, keys, types)
     if state is not None:  # drop replays: events at or before the state row of their key
@@ -216,7 +241,11 @@ def _versions(
             .drop("_cdc_seen")
         )
     lineage: list[str | Column] = list(keys)
-    if _links_possible(rows) and not rows.where(_link_candidate(rows, keys)).isEmpty():
+    if (
+        not unknown
+        and _links_possible(rows)
+        and not rows.where(_link_candidate(rows, keys)).isEmpty()
+    ):
         changes = _with_lineage(changes, keys)
         lineage = [_LINE]
     line = (
@@ -233,6 +262,10 @@ def _versions(
         TS_US,
         *keys,
         *(F.last(c, ignorenulls=True).over(line)["v"].alias(c) for c in others),
+        *(
+            F.last(c, ignorenulls=True).over(line).isNull().alias(_unknown(c))
+            for c in (others if unknown else [])
+        ),
     )
 
 

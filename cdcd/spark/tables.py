@@ -54,7 +54,7 @@ from pyspark.sql.types import (
 
 from cdcd.spark.autocdc import START_AT, AutoCdc, AutoCdcError
 from cdcd.spark.columns import COMMIT_LSN, DELETED, METADATA, SEQ, default_key_columns, row_type
-from cdcd.spark.merge import _q, merge_changes
+from cdcd.spark.merge import _q, batch_facts, merge_changes
 from cdcd.spark.scd2 import SCD2_COLUMNS, merge_scd2, scd2_columns_ddl
 from cdcd.spark.state import apply_changes, current_rows
 
@@ -233,12 +233,10 @@ def apply_to_table(
     )
     started = time.monotonic()
     events = events.localCheckpoint()
-    figures = events.agg(
-        F.count(F.lit(1)).alias("events"), F.max("source.commit_lsn").alias("commit_lsn")
-    ).collect()[0]
-    if not figures["events"]:
-        return {"events": 0, "seconds": 0.0, "commit_lsn": None}
     keys = list(default_key_columns(events) if key_columns is None else key_columns)
+    facts = batch_facts(events, keys)
+    if not facts.events:
+        return {"events": 0, "seconds": 0.0, "commit_lsn": None}
     if cdc.scd2 and not keys:
         raise AutoCdcError(
             f"stored_as_scd_type=2: {label or _label(events)} has no key (give key columns)"
@@ -255,7 +253,7 @@ def apply_to_table(
     if cdc.scd2:
         merge_scd2(spark, events, target, keys, tracked)
     elif keys:
-        merge_changes(spark, events, target, keys, tombstones=True, into_empty=created)
+        merge_changes(spark, events, target, keys, tombstones=True, into_empty=created, facts=facts)
     else:  # a multiset (cdcd.spark.keyless): the whole table, rewritten in one commit
         current = spark.table(target)
         state = apply_changes(current, events, []).localCheckpoint()
@@ -267,9 +265,9 @@ def apply_to_table(
         finally:
             spark.catalog.dropTempView(view)
     result = {
-        "events": int(figures["events"]),
+        "events": facts.events,
         "seconds": time.monotonic() - started,
-        "commit_lsn": figures["commit_lsn"],
+        "commit_lsn": facts.commit_lsn,
     }
     log.info(
         "%s: %d events merged in %.2fs (up to commit_lsn %s)",
