@@ -9,7 +9,8 @@ Records are written straight into their batch's buffer
 (:class:`cdcd.sinks.kafka.recordbatch.RecordBatch`): no object is kept per record, and the
 headers a transaction's records share are encoded once per transaction. A batch keeps what
 it was built into (compressed) until the broker acknowledged it, for a replay
-(:mod:`cdcd.sinks.kafka.sender`), its buffer going to a later batch (``recycle``), and remembers where its first record came from (``Batch.where``) for error messages; a record
+(:mod:`cdcd.sinks.kafka.sender`), its buffer going to a later batch once built (``recycle``),
+and remembers where its first record came from (``Batch.where``) for error messages; a record
 that may be too large is checked as it is added (``check_size``).
 """
 
@@ -94,8 +95,6 @@ class Batches:
         max_batch_size: int,
         max_request_size: int,
         check_size: Callable[[str, Record, bytes, Where], None],
-        codec: int = 0,
-        level: int = 1,
     ) -> None:
         self.prefix = prefix
         self.message_topic = message_topic
@@ -105,8 +104,6 @@ class Batches:
         self.max_batch_size = max_batch_size
         self.max_request_size = max_request_size
         self.check_size = check_size  # raises when the record is too large
-        self.codec = codec  # batches are compressed as they close (RecordBatch.seal)
-        self.level = level
         self.partitions: dict[str, list[int]] = {}  # known topics: their partitions, sorted
         # by (schema, table): (topic, "schema.table"); (None, None): (message topic, None)
         self.topics: dict[tuple[str | None, str | None], tuple[str, str | None]] = {}
@@ -224,7 +221,7 @@ class Batches:
             self.window_bytes += batch.size
         if not batch.records.append(ts, key, value, head, seq, tail, header_count):
             del self.open[tp]  # full: hand it over, start the next one
-            self._close(batch)
+            self.ready.append(batch)
             self.wake.set()
             spare = self.spare
             buffer = spare.pop() if spare else None
@@ -242,22 +239,15 @@ class Batches:
         for tp, batch in self.open.items():
             if batch.records.size() >= half:
                 self.cut.add(tp)
-            self._close(batch)
+            self.ready.append(batch)
         self.open.clear()
 
-    def _close(self, batch: Batch) -> None:
-        """``batch`` takes no more records: compressed now (its buffer goes to the next
-        batch at once, not after it was handed over and built), ready to be handed over."""
-        if batch.records.seal(self.codec, self.level):
-            self.recycle(batch)
-        self.ready.append(batch)
-
     def recycle(self, batch: Batch) -> None:
-        """``batch`` is compressed or built (a replay builds it from those bytes): keep its
-        buffer for the next batch that follows a full or a large one (up to ``spare_limit``).
-        A large buffer is mapped on its own (cdcd.runtime), and each of a fresh one's pages
-        costs a page fault as it is first written: a stream of full batches writes into the
-        same few buffers instead, also while many of them wait for the broker."""
+        """``batch`` is built (a replay builds it again from those bytes): keep its buffer for
+        the next batch that follows a full or a large one (up to ``spare_limit``). A large
+        buffer is mapped on its own (cdcd.runtime), and each of a fresh one's pages costs a
+        page fault as it is first written: a stream of full batches writes into the same few
+        buffers instead, also while a Kafka transaction holds its batches until the commit."""
         buffer = batch.records.release()
         if len(self.spare) < self.spare_limit and len(buffer) >= self.max_batch_size // 2:
             self.spare.append(buffer)

@@ -199,10 +199,10 @@ class RecordBatch:
         return True
 
     def seal(self, codec: int, level: int = 1) -> bool:
-        """Compress the records now, with ``codec`` at ``level``: True when that made them
-        smaller, and then the buffer is no longer needed (:meth:`release`). A batch closed
-        early while the ones before it wait for the broker holds its compressed records
-        instead of its buffer, so a window of such batches takes a few buffers, not one each."""
+        """Compress the records (before :meth:`build`), with ``codec`` at ``level``: True when
+        that made them smaller, and then the buffer is no longer needed (:meth:`release`).
+        Done when the producer builds its request: compressing each batch as it closed, in
+        the writer's turn, measured slower on W1 (cdcd's and the broker's CPU, 2026-11-28)."""
         if codec == 0 or self.payload is not None or self.built is not None:
             return self.payload is not None or self.built is not None
         size = self.pos - HEADER_SIZE

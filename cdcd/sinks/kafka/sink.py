@@ -61,7 +61,7 @@ from cdcd.sinks.base import Sink, SinkContext, run_events
 from cdcd.sinks.kafka.batches import Batches
 from cdcd.sinks.kafka.client import KafkaSinkConfig, compression_available
 from cdcd.sinks.kafka.exactly_once import KafkaTransactions
-from cdcd.sinks.kafka.recordbatch import CODECS, Record, Where, encode_headers, record_size
+from cdcd.sinks.kafka.recordbatch import Record, Where, encode_headers, record_size
 from cdcd.sinks.kafka.sender import Sender
 
 if TYPE_CHECKING:
@@ -101,8 +101,6 @@ class KafkaSink(Sink):
             max_batch_size=config.max_batch_size,
             max_request_size=config.max_request_size,
             check_size=self._check_size,
-            codec=CODECS[config.compression],
-            level=config.level(),
         )
         self._window = self._batches.window  # batches and transaction end LSNs
         # exactly once (docs/kafka.md): the window is released only by a Kafka commit
