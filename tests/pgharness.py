@@ -1007,14 +1007,16 @@ class PgPair:
         self,
         slot: str,
         dbname: str,
-        timeout: float = 60,
+        timeout: float = 120,
         poke: Callable[[], None] | None = None,
     ) -> None:
         """Wait until the standby has ``slot`` as a synchronised, usable slot whose confirmed
         position has reached the primary's. ``poke`` runs between polls: the slot sync worker
         persists a slot only once decoding from its restart position finds a consistent point
         before its confirmed position, so a slot nobody moves may never get there; a caller
-        whose consumer is streaming passes a poke that writes and logs a standby snapshot."""
+        whose consumer is streaming passes a poke that writes and logs a standby snapshot. The
+        sync worker naps up to 30 s between rounds while nothing changes, longer on a loaded
+        machine: hence two minutes."""
         assert self.standby is not None
         lit = quote_literal(slot)
         deadline = time.monotonic() + timeout
