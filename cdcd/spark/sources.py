@@ -180,9 +180,12 @@ def json_schema(documents: DataFrame, column: str = "value") -> StructType:
     """The merged schema of the JSON objects in the string column ``column``, in one pass
     (``schema_of_variant_agg``: any Spark 4 session, Connect too). JSON numbers with a
     fraction become doubles (cdcd writes numeric as strings), fields that are null everywhere
-    strings; the fields of a struct come in name order."""
+    strings; the fields of a struct come in name order. No documents at all (an empty batch,
+    such as a read_committed one whose records were all aborted) is the empty struct."""
     found = documents.select(F.expr(f"schema_of_variant_agg(parse_json(`{column}`))")).collect()
     ddl = found[0][0] if found and found[0][0] else "OBJECT<>"
+    if ddl == "VOID":  # the aggregate over no rows, or over JSON nulls only
+        ddl = "OBJECT<>"
     if not ddl.startswith("OBJECT<"):
         raise ValueError(f"the {column} column holds no JSON objects: {ddl}")
     ddl = re.sub(r"\bOBJECT<", "STRUCT<", ddl)

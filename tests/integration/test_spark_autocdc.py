@@ -217,3 +217,42 @@ def test_scd2_from_kafka_records(spark: Any, tmp_path: Path) -> None:
         events = events_from_kafka_records(spark, frame, schema)
         apply_to_table(spark, events, target, stored_as_scd_type=2)
     assert versions(table_rows(spark, target), "id", "note", "n") == VERSIONS
+
+
+def test_kafka_batch_without_values_changes_nothing(spark: Any, tmp_path: Path) -> None:
+    """A micro-batch can hold no record at all: under read_committed, a batch whose offsets
+    span only an aborted Kafka transaction (a producer killed mid-commit) and its marker. It
+    and a batch of tombstones only apply nothing, to a missing target and to an existing one."""
+    from types import SimpleNamespace
+
+    import orjson
+
+    from cdcd.spark.sources import events_from_kafka_records, kafka_records_frame
+    from cdcd.spark.streaming import kafka_batch_schema
+
+    def record(offset: int, event: dict[str, Any] | None, key: Any) -> SimpleNamespace:
+        value = orjson.dumps(event) if event is not None else None
+        return SimpleNamespace(
+            key=orjson.dumps(key),
+            value=value,
+            topic="shop.public.orders",
+            partition=0,
+            offset=offset,
+            timestamp=0,
+            headers=[],
+        )
+
+    def apply(records: list[SimpleNamespace]) -> dict[str, Any]:
+        frame = kafka_records_frame(spark, records)
+        schema = kafka_batch_schema(spark, frame, target, TABLE)
+        return apply_to_table(spark, events_from_kafka_records(spark, frame, schema), target)
+
+    target = table_ref(str(tmp_path / "kafka"))
+    assert apply([])["events"] == 0
+    assert not Path(target).exists()
+    first = HISTORY[0]
+    assert apply([record(i, e, e["key"]) for i, e in enumerate(first)])["events"] == len(first)
+    before = sorted(tuple(r) for r in table_rows(spark, target).collect())
+    assert apply([])["events"] == 0
+    assert apply([record(100, None, first[0]["key"])])["events"] == 0
+    assert sorted(tuple(r) for r in table_rows(spark, target).collect()) == before
