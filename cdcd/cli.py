@@ -269,7 +269,8 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
         follow = sys.stdout.isatty() if args.follow is None else args.follow
         return snapshot_command.request(config, args.table, follow=follow)
 
-    return _with_config(args, snapshot)
+    # a request that goes through logs nothing: its logging is set up only if something logs
+    return _with_config(args, snapshot, logging_when_needed=True)
 
 
 def _cmd_quickstart(args: argparse.Namespace) -> int:
@@ -285,8 +286,11 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     return _guarded(start_quickstart, debug=False)
 
 
-def _with_config(args: argparse.Namespace, command: Callable[[Any], int]) -> int:
-    """Load the config (exit 2 on problems), configure logging, run ``command(config)``."""
+def _with_config(
+    args: argparse.Namespace, command: Callable[[Any], int], *, logging_when_needed: bool = False
+) -> int:
+    """Load the config (exit 2 on problems), configure logging (``logging_when_needed``: at the
+    first record, :func:`cdcd.log.configure_logging`), run ``command(config)``."""
     from cdcd.config import load_config
     from cdcd.log import configure_logging
 
@@ -295,23 +299,22 @@ def _with_config(args: argparse.Namespace, command: Callable[[Any], int]) -> int
     except ConfigError as exc:
         print(f"cdcd: {exc}", file=sys.stderr)
         return exc.exit_code
-    configure_logging(config.log.format, config.log.level)
+    configure_logging(config.log.format, config.log.level, when_needed=logging_when_needed)
     return _guarded(lambda: command(config), debug=config.log.level == "debug")
 
 
 def _guarded(command: Callable[[], int], *, debug: bool) -> int:
     """Run ``command``; a CdcdError becomes one log line and its exit code."""
-    log = _logger()
     try:
         code = command()
     except CdcdError as exc:
-        log.error(str(exc), error=type(exc).__name__, exc_info=debug)
+        _logger().error(str(exc), error=type(exc).__name__, exc_info=debug)
         return exc.exit_code
     except KeyboardInterrupt:
-        log.warning("interrupted")
+        _logger().warning("interrupted")
         return EXIT_INTERRUPTED
     except Exception:
-        log.exception("unexpected error (a bug in cdcd; please report it)")
+        _logger().exception("unexpected error (a bug in cdcd; please report it)")
         return EXIT_FAILURE
     return EXIT_OK if code is None else int(code)
 

@@ -13,6 +13,12 @@ passes through the same processors:
 4. rendered as one JSON object per line (orjson) when ``format`` is ``json``, or ``auto`` and
    stderr is not a terminal; as coloured console lines on a terminal.
 
+structlog (and rich, which it loads on import) is imported only when logging is set up, so the
+masking functions cost nothing to import. ``configure_logging(..., when_needed=True)`` sets the
+levels at once but builds the pipeline at the first record that reaches it (or the first
+:func:`get_logger`): a short command that logs nothing (``cdcd snapshot --table``) never loads
+it, about a tenth of a second of start-up.
+
 Logs go to stderr; stdout is kept for command output (``cdcd check``, ``cdcd slot status``).
 """
 
@@ -22,11 +28,11 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Iterable, MutableMapping
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-import orjson
-import structlog
-from structlog.typing import EventDict, Processor, WrappedLogger
+if TYPE_CHECKING:
+    import structlog
+    from structlog.typing import EventDict, Processor, WrappedLogger
 
 LogFormat = Literal["auto", "json", "console"]
 
@@ -89,6 +95,8 @@ def mask_secrets_processor(_logger: WrappedLogger, _name: str, event_dict: Event
 
 
 def _orjson_dumps(obj: Any, **_kw: Any) -> str:
+    import orjson
+
     return orjson.dumps(obj, default=repr, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
@@ -111,6 +119,8 @@ def _masking(renderer: Processor) -> Processor:
 
 
 def _shared_processors(json: bool) -> list[Processor]:
+    import structlog
+
     processors: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -152,18 +162,32 @@ _QUIET_LIBRARIES: Iterable[str] = ("aiokafka", "kafka", "asyncio")
 
 
 def configure_logging(
-    format: LogFormat = "auto", level: str = "info", *, stream: TextIO | None = None
+    format: LogFormat = "auto",
+    level: str = "info",
+    *,
+    stream: TextIO | None = None,
+    when_needed: bool = False,
 ) -> None:
     """Route cdcd's and the standard library's logs through one structlog pipeline.
 
     ``stream`` defaults to stderr (looked up at call time, so pytest's capture sees it).
-    Calling it again replaces the previous configuration.
+    Calling it again replaces the previous configuration. ``when_needed``: set the levels now
+    and build the pipeline (importing structlog) at the first record or :func:`get_logger`;
+    what is logged is the same.
     """
+    global _pending
     try:
         numeric_level = _LEVELS[level.lower()]
     except KeyError:
         raise ValueError(f"unknown log level {level!r}; allowed: {', '.join(_LEVELS)}") from None
     out = stream if stream is not None else sys.stderr
+    if when_needed:
+        _pending = (format, level, out)
+        _install(_SetUpAtFirstRecord(), numeric_level)
+        return
+    _pending = None
+    import structlog
+
     json = _wants_json(format, out)
     shared = _shared_processors(json)
     renderer: Processor = (
@@ -189,19 +213,65 @@ def configure_logging(
     )
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
-    handler.set_name("cdcd")
+    _install(handler, numeric_level)
 
+
+#: ``(format, level, stream)`` of a set-up left for the first record (``when_needed``)
+_pending: tuple[LogFormat, str, TextIO] | None = None
+
+
+def _install(handler: logging.Handler, numeric_level: int) -> None:
+    """Make ``handler`` the root logger's cdcd handler, in the place of the previous one (in
+    place: a record being handed to the root's handlers reaches each of them once)."""
+    handler.set_name("cdcd")
     root = logging.getLogger()
-    for old in [h for h in root.handlers if h.get_name() == "cdcd"]:
-        root.removeHandler(old)
-    root.addHandler(handler)
+    old = [i for i, h in enumerate(root.handlers) if h.get_name() == "cdcd"]
+    if old:
+        root.handlers[old[0]] = handler
+        for i in reversed(old[1:]):
+            del root.handlers[i]
+    else:
+        root.addHandler(handler)
     root.setLevel(numeric_level)
     library_level = logging.INFO if numeric_level <= logging.DEBUG else logging.WARNING
     for name in _QUIET_LIBRARIES:
         logging.getLogger(name).setLevel(max(numeric_level, library_level))
 
 
+def _set_up_pending() -> logging.Handler | None:
+    """Build the pipeline left for later, if one is; the root's cdcd handler then."""
+    if _pending is None:
+        return None
+    format, level, out = _pending
+    configure_logging(format, level, stream=out)
+    return next((h for h in logging.getLogger().handlers if h.get_name() == "cdcd"), None)
+
+
+class _SetUpAtFirstRecord(logging.Handler):
+    """The root's cdcd handler until something logs: builds the pipeline, then hands it the
+    record."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        handler = _set_up_pending()
+        if handler is not None and handler is not self:
+            handler.handle(record)
+
+
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
     """A structlog logger; ``name`` is shown as ``logger`` (use ``__name__``)."""
+    import structlog
+
+    _set_up_pending()
     logger: structlog.stdlib.BoundLogger = structlog.stdlib.get_logger(name)
     return logger
+
+
+class LazyLogger:
+    """A module's logger that imports structlog at its first use (:func:`get_logger` then):
+    for modules a short command imports without logging."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(get_logger(self._name), attr)

@@ -11,10 +11,8 @@ next starts (the slot keeps it until confirmed). ``status`` reads what the daemo
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from cdcd import snapshot_follow
-from cdcd.config import Config
 from cdcd.errors import EXIT_OK, EXIT_USAGE, ConfigError, DefiniteSourceError
 from cdcd.lsn import parse_lsn
 from cdcd.progress_rate import (
@@ -24,13 +22,13 @@ from cdcd.progress_rate import (
     show_estimate,
     show_percent,
 )
-from cdcd.snapshot.signals import KEY_ENV, sign, signal_key
-from cdcd.snapshot.state import IncrementalState
-from cdcd.snapshot.table import NO_KEY
-from cdcd.snapshot.watermarks import SIGNAL
-from cdcd.source import conn_params, open_sql
+from cdcd.snapshot.signals import KEY_ENV, SIGNAL, sign, signal_key
+from cdcd.source.connect import conn_params, open_sql
 from cdcd.source.queries import emit_message
-from cdcd.source.snapshot import key_problem, primary_key, published_tables
+from cdcd.source.snapshot import NO_KEY, key_problem, primary_key, published_tables
+
+if TYPE_CHECKING:
+    from cdcd.config import Config
 
 
 def qualified(tables: list[str]) -> list[str]:
@@ -94,6 +92,9 @@ def status(config: Config, out: TextIO = sys.stdout, follow: bool = False) -> in
     those running until they end."""
     from tqdm import tqdm
 
+    from cdcd import snapshot_follow
+    from cdcd.snapshot.state import IncrementalState
+
     if follow:
         return snapshot_follow.follow(config, None, out=out)
     state = IncrementalState(config.snapshot.state_dir, config.source.slot)
@@ -137,4 +138,6 @@ def request(config: Config, tables: list[str], follow: bool = False) -> int:
     lsn = int(run_async(request_async(config, tables)))
     if not follow:
         return EXIT_OK
+    from cdcd import snapshot_follow  # the state file's reader: only to follow
+
     return snapshot_follow.follow(config, qualified(tables), after_signal=lsn)

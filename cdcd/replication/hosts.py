@@ -22,12 +22,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import structlog
-
 from cdcd.errors import TransientSourceError
+from cdcd.log import LazyLogger
 from cdcd.wire.dsn import ConnParams, accepts
 
-log = structlog.get_logger("cdcd.replication")
+log = LazyLogger("cdcd.replication")
 
 C = TypeVar("C")
 

@@ -1,7 +1,7 @@
 """Signals: who may ask a running daemon for an incremental snapshot, and how it checks.
 
 ``cdcd snapshot --table`` writes a transactional logical message with the prefix
-``cdcd-signal`` (:data:`cdcd.snapshot.watermarks.SIGNAL`); every cdcd streaming from the
+``cdcd-signal`` (:data:`SIGNAL`); every cdcd streaming from the
 database sees it in commit order. Any role that can connect may write such a message
 (``pg_logical_emit_message`` is granted to PUBLIC), so the message alone proves nothing. Each
 signal therefore names the slot it is for and carries an HMAC (SHA-256) made with a key only
@@ -37,6 +37,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+#: the prefix of a signal's logical message (a watermark's is ``cdcd-watermark``)
+SIGNAL = "cdcd-signal"
 #: the environment variable holding the key when ``snapshot.signal_key`` is not set
 KEY_ENV = "CDCD_SIGNAL_KEY"
 #: signal ids a daemon remembers as taken

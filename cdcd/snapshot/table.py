@@ -38,6 +38,7 @@ from cdcd.snapshot.state import Done, IncrementalState, Ledger
 from cdcd.snapshot.watermarks import WATERMARK, Chunk, ChunkResult, Watermarks, parse_snapshot
 from cdcd.snapshot.workers import Control, Slot, Workers
 from cdcd.source.snapshot import (
+    NO_KEY,
     SnapshotTable,
     key_problem,
     next_bound,
@@ -67,14 +68,6 @@ DESCRIBE_EVERY = 2.0
 #: rows per batch of a chunk (about one socket read of COPY's output): the sinks render a batch
 #: at a time and the loop reads the next chunk's COPY between two (docs/snapshots.md)
 _BATCH_ROWS = 1024
-
-#: why a table without a usable key is not snapshotted incrementally, and what to do
-NO_KEY = (
-    "it has neither a primary key nor a replica identity index, and incremental snapshots "
-    "read tables in key order: add a primary key (or ALTER TABLE ... REPLICA IDENTITY USING "
-    "INDEX on a unique index of NOT NULL columns), or snapshot it with snapshot.mode: initial "
-    "(the exported snapshot reads tables without a key)"
-)
 
 
 class _KeyChanged(Exception):

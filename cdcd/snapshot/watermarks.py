@@ -52,9 +52,9 @@ from cdcd.decoder.events import (
     TupleData,
     Update,
 )
+from cdcd.snapshot.signals import SIGNAL
 
 WATERMARK = "cdcd-watermark"
-SIGNAL = "cdcd-signal"
 PREFIXES = (WATERMARK, SIGNAL)
 
 Key = tuple[bytes | None, ...]

@@ -23,16 +23,15 @@ import asyncio
 import time
 from typing import Any
 
-import asyncpg
 import structlog
 
 from cdcd.config import Config, SourceConfig
 from cdcd.errors import ConfigError, DefiniteSourceError, SlotLostError, TransientSourceError
 from cdcd.lsn import format_lsn
 from cdcd.replication.client import ReplicationClient, SlotExists
-from cdcd.replication.hosts import Role, connect_first
 from cdcd.source import publication as publications
 from cdcd.source import slot as slots
+from cdcd.source.connect import conn_params, open_sql
 from cdcd.source.resume import Resume, incremental_unavailable, resume_plan
 from cdcd.source.snapshot import (
     RecreateState,
@@ -42,18 +41,8 @@ from cdcd.source.snapshot import (
     record_slot,
     streamed_before,
 )
-from cdcd.wire.dsn import ConnParams, parse_dsn
-from cdcd.wire.session import DEFAULT_GUCS
 
 log = structlog.get_logger("cdcd.source")
-
-#: GUCs every cdcd session on the source uses (the replication connection's, in one place),
-#: so text values render the same everywhere.
-SESSION_GUCS = DEFAULT_GUCS
-
-
-def conn_params(config: Config) -> ConnParams:
-    return parse_dsn(config.source.conninfo())
 
 
 def wants_failover(src: SourceConfig, server_version: int) -> bool:
@@ -62,54 +51,6 @@ def wants_failover(src: SourceConfig, server_version: int) -> bool:
     if src.failover == "auto":
         return server_version >= 180000 or (server_version >= 170000 and not src.two_phase)
     return bool(src.failover)
-
-
-async def open_sql(params: ConnParams, timeout: float) -> Any:
-    """An asyncpg connection for ordinary SQL, with the session GUCs set; with several hosts,
-    to the first that suits ``target_session_attrs`` (:mod:`cdcd.replication.hosts`)."""
-    return await connect_first(params, lambda host: _open_one(host, timeout), _role, _discard)
-
-
-async def _role(conn: Any) -> Role:
-    settings = conn.get_settings()
-    standby = getattr(settings, "in_hot_standby", None)
-    try:
-        in_recovery = (
-            standby == "on"
-            if standby is not None
-            else bool(await conn.fetchval("SELECT pg_catalog.pg_is_in_recovery()"))
-        )
-    except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
-        raise TransientSourceError(f"lost the connection to the source: {exc}") from exc
-    return in_recovery, getattr(settings, "default_transaction_read_only", "off") == "on"
-
-
-async def _discard(conn: Any) -> None:
-    conn.terminate()
-
-
-async def _open_one(params: ConnParams, timeout: float) -> Any:
-    kwargs = params.to_asyncpg_kwargs()
-    settings = dict(kwargs.pop("server_settings", None) or {})
-    settings.update(SESSION_GUCS)
-    settings.setdefault("application_name", "cdcd-catalog")
-    try:
-        return await asyncpg.connect(**kwargs, server_settings=settings, timeout=timeout)
-    except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as exc:
-        raise DefiniteSourceError(
-            f"authentication failed for user {params.user!r} on {params.host}:{params.port}: {exc}"
-        ) from exc
-    except asyncpg.InvalidCatalogNameError as exc:
-        raise DefiniteSourceError(f"database {params.dbname!r} does not exist: {exc}") from exc
-    except (
-        OSError,
-        TimeoutError,
-        asyncpg.CannotConnectNowError,  # starting up, shutting down, in recovery
-        asyncpg.TooManyConnectionsError,
-        asyncpg.PostgresConnectionError,  # closed during start-up
-        asyncpg.InterfaceError,
-    ) as exc:
-        raise TransientSourceError(f"cannot connect to {params.host}:{params.port}: {exc}") from exc
 
 
 def untaken_snapshot(config: Config) -> bool:

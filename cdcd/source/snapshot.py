@@ -81,6 +81,15 @@ SELECT c.relkind::text, pg_relation_size(c.oid) / current_setting('block_size'):
 FROM pg_class c WHERE c.oid = $1
 """
 
+#: why a table without a usable key is not snapshotted incrementally, and what to do
+NO_KEY = (
+    "it has neither a primary key nor a replica identity index, and incremental snapshots "
+    "read tables in key order: add a primary key (or ALTER TABLE ... REPLICA IDENTITY USING "
+    "INDEX on a unique index of NOT NULL columns), or snapshot it with snapshot.mode: initial "
+    "(the exported snapshot reads tables without a key)"
+)
+
+
 #: rows per block assumed for a table never analyzed (``pg_class.reltuples`` unknown)
 _ROWS_PER_BLOCK_GUESS = 60
 

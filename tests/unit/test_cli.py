@@ -186,18 +186,18 @@ def test_missing_config_file_exits_2(app: FakeApp, tmp_path: Path, capsys: Any) 
     assert "cannot read config file" in capsys.readouterr().err
 
 
+def python(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python args`` in the repository, without the CDCD_ variables of the environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCD_")}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
+    )
+
+
 def test_python_dash_m_reports_bad_config(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("source: {dsn: 'host=x', slto: 1}\nsinks: [{type: memory}]\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CDCD_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "cdcd", "check", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=60,
-    )
+    done = python("-m", "cdcd", "check", "--config", str(path))
     assert done.returncode == 2, done.stderr
     assert "source.slto: unknown key" in done.stderr
 
@@ -312,3 +312,33 @@ def test_run_async_uses_uvloop() -> None:
         return type(asyncio.get_running_loop()).__module__
 
     assert run_async(which_loop()).startswith("uvloop")
+
+
+_REQUEST_ONLY = """\
+import sys
+
+from cdcd import cli, snapshot_command
+
+
+async def request_async(config, tables, out=sys.stdout):
+    out.write(f"requested {tables} on {config.source.slot}\\n")
+    return 0
+
+
+snapshot_command.request_async = request_async
+code = cli.main(["snapshot", "--config", sys.argv[1], "--table", "public.t", "--no-follow"])
+heavy = ("structlog", "rich", "cdcd.source.prepare", "cdcd.replication.client", "cdcd.pipeline")
+print(code, [m for m in heavy if m in sys.modules])
+"""
+
+
+@pytest.mark.parametrize("sink", ['type: "null"', "{type: file, path: out, format: jsonl}"])
+def test_snapshot_request_imports_neither_logging_nor_the_daemon(tmp_path: Path, sink: str) -> None:
+    """`cdcd snapshot --table` is a short client: a request that goes through logs nothing, so
+    its start-up leaves out structlog (with rich) and the daemon's modules."""
+    path = tmp_path / "cdcd.yaml"
+    path.write_text(CONFIG.format(level="info").replace('- type: "null"', f"- {sink}"))
+    done = python("-c", _REQUEST_ONLY, str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["requested ['public.t'] on cdcd", "0 []"]
+    assert done.stderr == ""

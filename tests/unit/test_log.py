@@ -183,3 +183,36 @@ def test_the_benchmark_counts_warnings_in_the_json_log() -> None:
     text = out.getvalue() + "not a JSON line\n{broken\n"
     assert counted_log_events(text) == {"file_publish_slow": 2}
     assert counted_log_events("") == {}
+
+
+def test_set_up_when_needed_at_the_first_stdlib_record() -> None:
+    import cdcd.log
+
+    structlog.reset_defaults()
+    out = io.StringIO()
+    configure_logging("json", "warning", stream=out, when_needed=True)
+    assert not structlog.is_configured()  # nothing logged yet: no pipeline built
+    logging.getLogger("asyncpg").info("below the level")
+    logging.getLogger("asyncio").warning("task %s destroyed", "#1")
+    logging.getLogger("asyncpg").error("connection lost")
+    assert structlog.is_configured()
+    assert [(r["level"], r["logger"], r["event"]) for r in lines(out)] == [
+        ("warning", "asyncio", "task #1 destroyed"),
+        ("error", "asyncpg", "connection lost"),
+    ]
+    handlers = [h for h in logging.getLogger().handlers if h.get_name() == "cdcd"]
+    assert len(handlers) == 1 and isinstance(handlers[0], logging.StreamHandler)
+    assert cdcd.log._pending is None
+
+
+def test_set_up_when_needed_at_the_first_logger() -> None:
+    structlog.reset_defaults()
+    out = io.StringIO()
+    configure_logging("json", "info", stream=out, when_needed=True)
+    assert not structlog.is_configured()
+    get_logger("cdcd.cli").error(
+        "refused", error="DefiniteSourceError", dsn="postgresql://u:pw@h/d"
+    )
+    [record] = lines(out)
+    assert (record["level"], record["logger"], record["event"]) == ("error", "cdcd.cli", "refused")
+    assert record["dsn"] == "postgresql://u:***@h/d"

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Final
 
 import orjson
-import structlog
 
 from cdcd.decoder.events import Relation
 from cdcd.errors import DefiniteSinkError, SinkError, TransientSinkError
 from cdcd.events import ChangeEvent
 from cdcd.events.snapshot_run import SnapshotRun
+from cdcd.log import LazyLogger
 
 if TYPE_CHECKING:
     from cdcd.sinks.file.config import FileSinkConfig
@@ -264,7 +264,7 @@ QUICK_PUBLISH_SECONDS = 0.01
 #: and quick again many times a second, and each turn is not worth a line
 SLOW_LOG_EVERY_SECONDS = 60.0
 
-log = structlog.get_logger(__name__)
+log = LazyLogger(__name__)
 
 
 class Publisher:
