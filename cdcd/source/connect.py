@@ -11,8 +11,7 @@ import asyncpg
 
 from cdcd.errors import DefiniteSourceError, TransientSourceError
 from cdcd.replication.hosts import Role, connect_first
-from cdcd.wire.dsn import ConnParams, parse_dsn
-from cdcd.wire.session import DEFAULT_GUCS
+from cdcd.wire.dsn import DEFAULT_GUCS, ConnParams, parse_dsn
 
 if TYPE_CHECKING:
     from cdcd.config import Config

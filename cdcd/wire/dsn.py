@@ -44,6 +44,18 @@ from typing import Any, Literal, cast, get_args
 
 from cdcd.errors import ConfigError
 
+#: GUCs every connection to the source sets (replication and SQL), so text values decode the
+#: same on every server.
+DEFAULT_GUCS: dict[str, str] = {
+    "DateStyle": "ISO,MDY",
+    "TimeZone": "UTC",
+    "IntervalStyle": "iso_8601",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+    "lc_monetary": "C",
+}
+
+
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
 SSL_MODES: tuple[str, ...] = get_args(SslMode)
 TargetSessionAttrs = Literal[

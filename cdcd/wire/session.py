@@ -41,6 +41,7 @@ from cdcd.wire.auth import (
     choose_sasl_mechanism,
     md5_password,
 )
+from cdcd.wire.dsn import DEFAULT_GUCS
 from cdcd.wire.framing import MessageReader
 from cdcd.wire.messages import (
     AuthenticationOk as AuthenticationOk,
@@ -95,17 +96,6 @@ from cdcd.wire.messages import (
 )
 from cdcd.wire.server_errors import SlotExists as SlotExists
 from cdcd.wire.server_errors import source_error as source_error
-
-#: GUCs every replication connection sets, so text values decode the same on every server.
-DEFAULT_GUCS: dict[str, str] = {
-    "DateStyle": "ISO,MDY",
-    "TimeZone": "UTC",
-    "IntervalStyle": "iso_8601",
-    "extra_float_digits": "3",
-    "bytea_output": "hex",
-    "lc_monetary": "C",
-}
-
 
 # --------------------------------------------------------------------------- states
 

@@ -327,7 +327,8 @@ async def request_async(config, tables, out=sys.stdout):
 
 snapshot_command.request_async = request_async
 code = cli.main(["snapshot", "--config", sys.argv[1], "--table", "public.t", "--no-follow"])
-heavy = ("structlog", "rich", "cdcd.source.prepare", "cdcd.replication.client", "cdcd.pipeline")
+heavy = ("structlog", "rich", "cdcd.source.prepare", "cdcd.replication.client", "cdcd.pipeline",
+         "cdcd.wire.session")
 print(code, [m for m in heavy if m in sys.modules])
 """
 
