@@ -108,6 +108,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.broker_warmup import WARMUP_RECORDS, JitCpu, warm_broker  # noqa: E402
 from bench.debezium_bench import (  # noqa: E402
     DEBEZIUM_CONTENDERS,
     add_debezium_ratios,
@@ -422,6 +423,7 @@ class Setup:
     profile_native: bool = True  # --profile without --profile-python: py-spy --native
     checkout: Path = REPO  # whose cdcd runs
     baseline: Path | None = None  # --baseline
+    broker_warmup: int = WARMUP_RECORDS  # --broker-warmup: records produced to a fresh broker
 
 
 @dataclass
@@ -773,6 +775,7 @@ def run_workload(
         profile=args.profile,
         profile_native=not args.profile_python,
         baseline=args.baseline,
+        broker_warmup=args.broker_warmup,
     )
     try:
         if wl.live:
@@ -933,10 +936,15 @@ def _run_contender(setup: Setup, contender: str, slot: str) -> Result:
 
 def with_broker_cpu(broker: Any, run: Callable[..., Result], *args: Any) -> Result:
     """``run(*args)``, its result with ``broker_cpu_seconds``: the CPU time the broker's JVMs
-    spent meanwhile. On a shared host it tells how much of the wall time the broker took."""
+    spent meanwhile (on a shared host: how much of the wall time the broker took), of which
+    ``broker_jit_cpu_seconds`` its JIT compilers, and ``broker_warmup_records``, the records
+    produced to the fresh broker before (:func:`kafka_broker`)."""
     before = broker_cpu_seconds(broker)
-    result = run(*args)
+    with JitCpu(broker) as jit:
+        result = run(*args)
     result.extra["broker_cpu_seconds"] = round(broker_cpu_seconds(broker) - before, 3)
+    result.extra["broker_jit_cpu_seconds"] = round(jit.seconds, 3)
+    result.extra["broker_warmup_records"] = getattr(broker, "bench_warmup_records", 0)
     return result
 
 
@@ -1054,13 +1062,25 @@ def wait_confirmed(
 def kafka_broker(setup: Setup | None = None) -> Any:
     """A fresh Apache Kafka broker (tests/kafkaharness.py), clients connecting to it directly
     (no test proxy in between): the JVM options for throughput, or at the smoke test's tiny
-    sizes (``--scale`` below 0.05) the test suite's, which start in half the time."""
+    sizes (``--scale`` below 0.05) the test suite's, which start in half the time.
+
+    With a ``setup``, the broker is warmed first (bench/broker_warmup.py: ``setup.broker_warmup``
+    W1-like records produced to a topic of its own, untimed, as a long-running broker's JIT
+    would have compiled its produce path), except at those tiny sizes."""
     from tests.kafkaharness import BENCH_JVM_OPTIONS, TEST_JVM_OPTIONS, KafkaBroker
 
     quick = setup is not None and setup.scale < 0.05
     options = TEST_JVM_OPTIONS if quick else BENCH_JVM_OPTIONS
     broker = asyncio.run(KafkaBroker.launch(jvm_options=options, external_ok=False, proxy=False))
     try:
+        records = 0 if setup is None or quick else setup.broker_warmup
+        if records:
+            done = warm_broker(broker, records)
+            log(
+                f"    broker warm-up: {records} records, {done['seconds']:.1f}s, "
+                f"broker {done['broker_cpu_seconds']:.1f} CPU s"
+            )
+        broker.bench_warmup_records = records
         yield broker
     finally:
         asyncio.run(broker.close())
@@ -1124,6 +1144,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             for k in (
                 "server_cpu_seconds",
                 "broker_cpu_seconds",
+                "broker_jit_cpu_seconds",
                 *COUNTED_LOG_EVENTS[1:],
                 "p50_ms",
                 "p99_ms",
@@ -1195,6 +1216,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--baseline",
         type=Path,
         help="another checkout of cdcd: adds base_<contender> runs of its cdcd, same slots",
+    )
+    parser.add_argument(
+        "--broker-warmup",
+        type=int,
+        default=WARMUP_RECORDS,
+        metavar="N",
+        help=f"records produced to each fresh Kafka broker before its timed drain (default "
+        f"{WARMUP_RECORDS:,}; 0: a cold broker; none below --scale 0.05)",
     )
     args = parser.parse_args(argv)
     if args.scale is None:
