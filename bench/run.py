@@ -4,7 +4,7 @@ Usage::
 
     python bench/run.py [--quick] [--workload W1,W1s,W2,W3,W4,W4h,W5] [--json FILE]
                         [--pg 18,15] [--contenders NAMES] [--scale F] [--peer PATH]
-                        [--repeat N] [--baseline DIR]
+                        [--repeat N] [--baseline DIR] [--broker-warmup N]
 
 For each PostgreSQL version (default: 18 and 15, those installed; see tests/pgharness.py) it
 starts a cluster with the test harness's settings, then for each workload:
@@ -28,13 +28,16 @@ starts a cluster with the test harness's settings, then for each workload:
    ``cdcd_jsonl``           file sink, JSON Lines
    ``cdcd_parquet``         file sink, Parquet
    ``cdcd_kafka``           Kafka sink to a fresh Apache Kafka broker (the sink's defaults:
-                            idempotent producer, ``acks: all``)
+                            idempotent producer, ``acks: all``), warmed first: every Kafka
+                            contender's broker gets ``--broker-warmup`` records (600,000)
+                            before its timed drain (bench/broker_warmup.py), none below
+                            ``--scale`` 0.05
    ``cdcd_kafka_eos``       the same with ``exactly_once: true`` (Kafka transactions with
                             cdcd's position, one per flush)
    ``debezium_null``        W1, W2 and S1: Debezium's PostgreSQL connector (pgoutput) in its
                             embedded engine, JSON records counted and discarded
-   ``debezium_kafka``       W1, W2: the same, each record produced to a fresh broker
-                            (bench/debezium_bench.py; ``ratio_vs_debezium`` on cdcd's rows)
+   ``debezium_kafka``       W1, W2: the same, each record produced to a fresh broker,
+                            warmed as ``cdcd_kafka``'s (bench/debezium_bench.py; ``ratio_vs_debezium`` on cdcd's rows)
 
 Workloads (``--quick`` divides sizes by 50; ``--scale`` sets the factor):
 
@@ -72,7 +75,9 @@ server_version, plus cpu_seconds, cpu_us_per_row (the contender's CPU per row), 
 streaming, and where they apply p50_ms/p99_ms/max_ms,
 spilled_bytes, memory_limit_mb, rendered (streamed changes whose rows' JSON cdcd made as they
 arrived), fast_paths (``compiled`` or ``pure Python``: cdcd's modules ran compiled or from
-source), broker_cpu_seconds (the Kafka broker's JVM, while a Kafka contender ran),
+source), broker_cpu_seconds (the Kafka broker's JVM, while a Kafka contender ran; of it
+broker_jit_cpu_seconds, its JIT compiler threads), broker_warmup_records (produced to the
+fresh broker before, untimed),
 kafka_send_retry / kafka_delivery_failed_replaying / kafka_transaction_retry /
 kafka_waiting_for_broker / kafka_unreachable (how often cdcd's log said a produce was retried,
 replayed or got no answer: a timeout-driven wait shows here), and cdcd_commit / cdcd_dirty (the commit measured, and whether
