@@ -44,6 +44,16 @@ TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 #: rows; the operators give the same rows without it (the ``spark-submit`` and streaming
 #: children still run it). The Spark tests took a sixth less CPU.
 TEST_SQL_CONF = {"spark.sql.codegen.wholeStage": "false"}
+#: One partition where Spark's defaults make many for a few rows, as the shared session has
+#: them (:func:`cdcd.spark.session.session` with ``partitions=1``), for the JVMs that do not
+#: build their session with it (the Connect server, the ``spark-submit`` child): shuffles,
+#: and Delta Lake's snapshot of a table's log, rebuilt for each new version of a table, in
+#: 50 partitions by default: 50 tasks each time. The Spark Connect run took 40% less CPU.
+ONE_PARTITION_CONF = {
+    "spark.sql.shuffle.partitions": "1",
+    "spark.default.parallelism": "1",
+    "spark.databricks.delta.snapshotPartitions": "1",
+}
 
 
 def _require_spark() -> None:
@@ -113,7 +123,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         f"spark.driver.extraJavaOptions={TEST_JVM_OPTIONS}",
         *(f"{k}={v}" for k, v in TEST_SQL_CONF.items()),
         "spark.ui.enabled=false",
-        "spark.sql.shuffle.partitions=1",
+        *(f"{k}={v}" for k, v in ONE_PARTITION_CONF.items()),
         "spark.sql.session.timeZone=UTC",
         "spark.log.level=ERROR",
         *(f"{k}={v}" for k, v in jar_conf().items()),
