@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.sparkutil import (
+    ONE_PARTITION_CONF,
     TEST_JVM_OPTIONS,
     UNAVAILABLE,
     change_event,
@@ -254,7 +255,7 @@ def test_cli_stream_under_spark_submit(spark: Any, key_changes: Path, tmp_path: 
     out = tmp_path / "orders"
     cmd = [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false"]
     cmd += ["--driver-java-options", TEST_JVM_OPTIONS]
-    for key, value in {**jar_conf(), **table_conf()}.items():
+    for key, value in {**jar_conf(), **table_conf(), **ONE_PARTITION_CONF}.items():
         cmd += ["--conf", f"{key}={value}"]
     cmd += [spark_cli.__file__, "stream", "--input", str(key_changes), "--table", TABLE]
     cmd += ["--output", str(out), "--checkpoint", str(tmp_path / "cp"), "--max-files", "1"]
