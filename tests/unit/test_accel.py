@@ -2,8 +2,8 @@
 compiled module whose source changed is never used.
 
 The package build (setup.py, run by scripts/setup's ``pip install -e``) compiles them;
-scripts/test runs the decoder and assembler tests once on the compiled form and once more with
-CDCD_PURE_PYTHON=1. Here both forms run side by side on the same inputs, and copies of the
+the suite runs the decoder and assembler tests once on the compiled form and once more with
+CDCD_PURE_PYTHON=1 (tests/integration/test_pure_python_pass.py). Here both forms run side by side on the same inputs, and copies of the
 package show the stale-extension fallback. tests/integration/test_package_build.py builds a
 wheel from scratch.
 """
