@@ -63,14 +63,15 @@ ORDER BY n.nspname, c.relname
 
 _COLUMNS_SQL = """
 SELECT a.attname, a.atttypid::int8, a.atttypmod,
-       COALESCE(a.attnum = ANY(i.indkey::int2[]), false) AS is_identity
+       COALESCE(a.attnum = ANY(i.indkey::int2[]), false) AS is_identity,
+       a.attgenerated <> '' AS generated
 FROM pg_attribute a
 LEFT JOIN LATERAL (
     SELECT indkey FROM pg_index
     WHERE indrelid = a.attrelid AND (indisprimary OR indisreplident)
     ORDER BY indisreplident DESC, indisprimary DESC LIMIT 1
 ) i ON true
-WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
 
@@ -96,8 +97,14 @@ _ROWS_PER_BLOCK_GUESS = 60
 
 @dataclass(frozen=True, slots=True)
 class SnapshotTable:
+    """A published table as described: its published columns (``relation``), its row filter,
+    and ``shape``, every column of the table (published or not, generated ones included) as
+    ``name type typmod`` in column order (:func:`read_key_chunk` compares it with the table's
+    shape at each chunk's snapshot; None: not known, only the published columns are)."""
+
     relation: Relation
     row_filter: str | None
+    shape: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,13 +265,17 @@ async def published_tables(
     for attnames, rowfilter, oid, schema, name, replident in rows:
         published = set(attnames) if attnames is not None else None
         columns = []
-        for col_name, type_oid, typmod, is_identity in await conn.fetch(_COLUMNS_SQL, oid):
-            if published is not None and col_name not in published:
+        shape = []
+        for col_name, type_oid, typmod, is_identity, generated in await conn.fetch(
+            _COLUMNS_SQL, oid
+        ):
+            shape.append(f"{col_name} {type_oid} {typmod}")
+            if generated or (published is not None and col_name not in published):
                 continue
             columns.append(Column(1 if is_identity else 0, col_name, type_oid, typmod))
         ident = replident.decode() if isinstance(replident, bytes) else str(replident)
         relation = Relation(None, oid, schema, name, ident, tuple(columns))
-        tables.append(SnapshotTable(relation, rowfilter))
+        tables.append(SnapshotTable(relation, rowfilter, tuple(shape)))
     return tables
 
 
@@ -557,8 +568,14 @@ async def read_key_chunk(
                 raise emit_refused(exc, "incremental snapshot watermark") from exc
             raise
         snapshot, shape = await conn.fetchrow(_SNAPSHOT_SHAPE_SQL, rel.oid)
-        # a subset: a publication's column list may leave columns out
-        altered = not set(relation_shape(rel)) <= set(shape)
+        # every column, published or not: a column added since the table was described is not
+        # among the published columns described, and would be missing from the chunk's rows
+        # (without the table's whole shape, the published columns must all be there still)
+        altered = (
+            tuple(shape) != table.shape
+            if table.shape is not None
+            else not set(relation_shape(rel)) <= set(shape)
+        )
         mark = None
         if not altered:
             sql = chunk_sql(table, keys, after, limit, upto)
