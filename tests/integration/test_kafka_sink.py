@@ -481,6 +481,52 @@ async def test_batch_boundaries_and_a_record_larger_than_a_batch(kafka_broker: K
     assert max(len(r.value or b"") for r in records) > 5000
 
 
+async def test_batches_cut_by_compressed_size_all_fit_the_topics_limit(
+    kafka_broker: KafkaBroker,
+) -> None:
+    """A topic taking batches of at most 64 KiB (``max.message.bytes``) and the sink's
+    ``max_request_size`` set to it, its ``max_batch_size`` the default 1 MiB: rows that compress
+    go in batches several times the limit uncompressed, and rows that hardly compress, coming
+    after them, in batches the broker takes (one cut for the compressible ones is split).
+    Everything arrives once, in order."""
+    import base64
+    import os
+
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    name = unique_name()
+    topic = f"{name}.public.orders"
+    limit = 64 * 1024
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap)
+    await admin.start()
+    try:
+        config = {"max.message.bytes": str(limit)}
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=config)])
+    finally:
+        await admin.close()
+    sink = make_sink(kafka_broker, name, max_request_size=limit, linger_ms=50)
+    build = TxnBuilder()
+    txns = []
+    for n in range(8):
+        if n < 5:
+            rows = [{"id": n * 1000 + i, "pad": "p" * 400} for i in range(1000)]
+        else:  # base64 of random bytes: compressed, three quarters of the size
+            rows = [
+                {"id": n * 1000 + i, "pad": base64.b64encode(os.urandom(300)).decode()}
+                for i in range(1000)
+            ]
+        txns.append(build.next([("c", "orders", row) for row in rows]))
+    written = [e.position for _, events in txns for e in events]
+    await write_all_durably(sink, txns)
+    stats = sink.stats()
+    assert stats["batches_split"] >= 1
+    records = await consume(kafka_broker.bootstrap, [topic], len(written))
+    assert [position_of(r) for r in records] == written
+    # fewer batches than 64 KiB of records each would take
+    raw = sum(len(r.value or b"") for r in records)
+    assert stats["batches_sent"] < raw / limit
+
+
 async def test_partition_is_kafkas_default_for_the_key(kafka_broker: KafkaBroker) -> None:
     """Keys land where Kafka's (and aiokafka's) default partitioner puts them; keyless records
     (a table without a key) are spread over the partitions."""

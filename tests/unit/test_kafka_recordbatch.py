@@ -256,3 +256,28 @@ def test_a_level_that_does_not_fit_the_codec_is_refused() -> None:
     for codec, level in (("zstd", 23), ("gzip", 0), ("snappy", 1), ("none", 1)):
         with pytest.raises(ValidationError, match=f"compression_level {level} does not fit"):
             KafkaSinkConfig(bootstrap_servers="b:9092", compression=codec, compression_level=level)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_a_split_batch_holds_the_same_records_in_two(codec: str, writer: str) -> None:
+    batch = new_batch(1 << 20, writer)
+    for ts, key, value, head, seq, tail in RECORDS * 3:
+        count = len(head) + len(tail) + (seq >= 0)
+        assert batch.append(ts, key, value, encode_headers(head), seq, encode_headers(tail), count)
+    first, second = batch.split()
+    assert (first.count, second.count) == (6, 6)
+    got = []
+    for part, sequence in ((first, 0), (second, 6)):
+        built = DefaultRecordBatch(part.build(CODECS[codec], 7, 0, sequence))
+        assert built.validate_crc() and built.base_sequence == sequence
+        records = list(built)
+        assert [r.offset for r in records] == list(range(6))
+        assert built.first_timestamp == records[0].timestamp
+        assert built.max_timestamp == max(r.timestamp for r in records)
+        got += [(r.timestamp, r.key, r.value, list(r.headers)) for r in records]
+    want = [
+        (ts, key, value, _headers(head, seq, tail))
+        for ts, key, value, head, seq, tail in RECORDS * 3
+    ]
+    assert got == want

@@ -29,6 +29,7 @@ from cdcd.events import ChangeEvent
 from cdcd.lsn import pg_to_unix_us
 from cdcd.sinks.kafka.partition import partition_for
 from cdcd.sinks.kafka.recordbatch import (
+    HEADER_SIZE,
     Record,
     RecordBatch,
     Where,
@@ -40,6 +41,9 @@ from cdcd.sinks.kafka.recordbatch import (
 RECORD_OVERHEAD: Final = 64  # what a record counts for buffer_bytes beyond its key and value
 #: buffers of built batches kept for the next full batches (Batches.recycle)
 SPARE_BUFFERS: Final = 4
+#: how much of ``max_request_size`` a batch's compressed size is estimated to fill when it
+#: closes (the estimate errs by a few per cent from batch to batch)
+COMPRESSED_FILL: Final = 0.9
 
 _OP_HEADERS: Final = {op: encode_headers([("cdcd.op", op.encode())]) for op in "crudtm"}
 _LSN_NAME: Final = header_name("cdcd.commit_lsn")
@@ -95,6 +99,8 @@ class Batches:
         max_batch_size: int,
         max_request_size: int,
         check_size: Callable[[str, Record, bytes, Where], None],
+        codec: int = 0,
+        level: int = 1,
     ) -> None:
         self.prefix = prefix
         self.message_topic = message_topic
@@ -104,6 +110,12 @@ class Batches:
         self.max_batch_size = max_batch_size
         self.max_request_size = max_request_size
         self.check_size = check_size  # raises when the record is too large
+        self.codec = codec  # of compression (recordbatch.CODECS), and its level
+        self.level = level
+        #: by topic: compressed / uncompressed size of its last batches (1.0 until known),
+        #: which sets how large its next batch grows (:meth:`batch_limit`)
+        self.ratios: dict[str, float] = {}
+        self.splits = 0  # batches split: compressed, they came out over max_request_size
         self.partitions: dict[str, list[int]] = {}  # known topics: their partitions, sorted
         # by (schema, table): (topic, "schema.table"); (None, None): (message topic, None)
         self.topics: dict[tuple[str | None, str | None], tuple[str, str | None]] = {}
@@ -117,6 +129,10 @@ class Batches:
         self.ready: deque[Batch] = deque()  # closed batches, to hand over in this order
         self.spare: list[bytearray] = []  # buffers of built batches (recycle)
         self.spare_limit = SPARE_BUFFERS  # how many of them are kept
+        #: a batch this large (half of max_request_size or of max_batch_size, the smaller)
+        #: leaves its buffer for a next one; batches larger than max_request_size are mostly
+        #: closed by the linger (the producer still held the one before), not full
+        self.large = min(max_batch_size, max_request_size) // 2
         #: partitions whose large open batch was closed before it was full (close_open): their
         #: next batch takes a spare buffer, as one following a full batch does
         self.cut: set[tuple[str, int]] = set()
@@ -221,7 +237,7 @@ class Batches:
             self.window_bytes += batch.size
         if not batch.records.append(ts, key, value, head, seq, tail, header_count):
             del self.open[tp]  # full: hand it over, start the next one
-            self.ready.append(batch)
+            self.close(batch)
             self.wake.set()
             spare = self.spare
             buffer = spare.pop() if spare else None
@@ -235,27 +251,92 @@ class Batches:
     def close_open(self) -> None:
         """Close every open batch (the linger passed, or a Kafka commit begins): ready to be
         handed over. A partition's next batch after a large one takes a spare buffer."""
-        half = self.max_batch_size // 2
+        half = self.large
         for tp, batch in self.open.items():
             if batch.records.size() >= half:
                 self.cut.add(tp)
-            self.ready.append(batch)
+            self.close(batch)
         self.open.clear()
 
+    def batch_limit(self, topic: str) -> int:
+        """How large (uncompressed) a new batch of ``topic`` may grow: ``max_batch_size``, but
+        when that is over ``max_request_size`` (the broker's limit, which applies to the
+        compressed batch), only as large as the topic's compression ratio lets it be and
+        still fill no more than :data:`COMPRESSED_FILL` of ``max_request_size`` compressed
+        (at least ``max_request_size``: a batch of that size always fits, compressed or
+        sent as it is). A batch that comes out larger all the same is split as it closes."""
+        limit = self.max_batch_size
+        cap = self.max_request_size
+        if limit <= cap:
+            return limit
+        ratio = self.ratios.get(topic, 1.0)
+        if ratio * limit <= COMPRESSED_FILL * cap:
+            return limit
+        return max(cap, int(COMPRESSED_FILL * cap / ratio))
+
+    def close(self, batch: Batch) -> None:
+        """``batch`` takes no more records: ready to be handed over. One larger than
+        ``max_request_size`` is compressed now, and split in two (in the window too) while
+        that leaves it over the limit, so that no batch the broker gets is."""
+        records = batch.records
+        if records.size() <= self.max_request_size or records.count < 2:
+            self.ready.append(batch)
+            return
+        sealed = records.seal(self.codec, self.level)
+        self.observe(batch.topic, records)
+        if records.compressed_size() <= self.max_request_size:
+            if sealed:  # its buffer is free for the next batch (a replay builds the payload)
+                self.recycle(batch)
+            self.ready.append(batch)
+            return
+        first, second = records.split()
+        self.splits += 1
+        parts = []
+        size = batch.size
+        for part in (first, second):
+            piece = Batch(batch.topic, batch.partition, batch.records.max_size, batch.where)
+            piece.records = part
+            piece.size = size * part.count // records.count
+            parts.append(piece)
+        parts[1].size = size - parts[0].size
+        window = self.window
+        at = window.index(batch)
+        window[at] = parts[1]
+        window.insert(at, parts[0])
+        self.recycle(batch)
+        for piece in parts:
+            self.close(piece)
+
+    def observe(self, topic: str, records: RecordBatch) -> None:
+        """Learn the topic's compression ratio from a batch compressed (:meth:`batch_limit`):
+        a worse one at once, a better one half way."""
+        if self.max_batch_size <= self.max_request_size:
+            return
+        size = records.size() - HEADER_SIZE
+        if size <= 0:
+            return
+        ratio = (records.compressed_size() - HEADER_SIZE) / size
+        old = self.ratios.get(topic, 1.0)
+        self.ratios[topic] = ratio if ratio >= old else (old + ratio) / 2
+
     def recycle(self, batch: Batch) -> None:
-        """``batch`` is built (a replay builds it again from those bytes): keep its buffer for
-        the next batch that follows a full or a large one (up to ``spare_limit``). A large
+        """``batch`` is built or compressed (a replay builds it again from those bytes, or
+        from the compressed records): keep its buffer for the next batch that follows a full
+        or a large one (up to ``spare_limit``). A large
         buffer is mapped on its own (cdcd.runtime), and each of a fresh one's pages costs a
         page fault as it is first written: a stream of full batches writes into the same few
         buffers instead, also while a Kafka transaction holds its batches until the commit."""
-        buffer = batch.records.release()
-        if len(self.spare) < self.spare_limit and len(buffer) >= self.max_batch_size // 2:
+        records = batch.records
+        if records.size() <= self.max_request_size:  # a larger one was, as it closed
+            self.observe(batch.topic, records)
+        buffer = records.release()
+        if len(self.spare) < self.spare_limit and len(buffer) >= self.large:
             self.spare.append(buffer)
 
     def _new_batch(
         self, topic: str, partition: int, where: Where, buffer: bytearray | None = None
     ) -> Batch:
-        batch = Batch(topic, partition, self.max_batch_size, where, buffer)
+        batch = Batch(topic, partition, self.batch_limit(topic), where, buffer)
         if not self.open:
             self.open_since = asyncio.get_running_loop().time()
             self.wake.set()

@@ -119,6 +119,9 @@ class KafkaSinkConfig(BaseModel):
     # None: recordbatch.DEFAULT_LEVELS (zstd 1, not Kafka's 3: half the CPU, as small)
     compression_level: int | None = None
     linger_ms: int = Field(default=5, ge=0)
+    # uncompressed; over max_request_size, a batch is also closed by its estimated compressed
+    # size (batches.Batches.batch_limit): larger batches, fewer requests for the broker (4 MiB
+    # on W1: 15 % less of the broker's CPU, 0.5 us/row more of cdcd's, so not the default)
     max_batch_size: ByteSize = Field(default=1 * MiB, ge=1024)
     max_request_size: ByteSize = Field(default=1 * MiB, ge=1024)
     # None: 20,000; 100,000 with exactly_once, whose Kafka transactions take half the window

@@ -59,6 +59,7 @@ _SEQ_KEY: Final = b"\x10cdcd.seq"  # keyLength varint (8) and the key of the cdc
 RECORD_OVERHEAD: Final = 32
 
 WriteRecord = Callable[..., int]
+_NO_LIMIT: Final = 1 << 62
 
 
 #: the level of ``compression_level: null``: zstd's 1 (Kafka's default is 3, which took twice the
@@ -280,6 +281,49 @@ class RecordBatch:
         _CRC.pack_into(out, 17, calc_crc32c(memoryview(out)[_ATTRIBUTES_OFFSET:]))
         return bytes(out)
 
+    def compressed_size(self) -> int:
+        """The size of the batch as :meth:`build` would make it now: its header and the
+        records compressed (:meth:`seal`), or uncompressed when that was no smaller."""
+        if self.built is not None:
+            return len(self.built)
+        if self.payload is not None:
+            return HEADER_SIZE + len(self.payload)
+        return self.pos
+
+    def split(self) -> tuple[RecordBatch, RecordBatch]:
+        """The records in two new batches, the first half of them and the rest (before
+        :meth:`build`): for a batch whose compressed size came out over the broker's limit.
+        The records are copied as they are, their headers included; only their offset and
+        timestamp deltas, relative to a batch's first record, are written anew."""
+        assert self.built is None and self.count > 1, "split a batch not built, of 2+ records"
+        half = self.count // 2
+        # closed batches, no limit (a timestamp delta may take a byte more in its new batch)
+        first = RecordBatch(_NO_LIMIT)
+        second = RecordBatch(_NO_LIMIT)
+        buffer = self.buffer
+        pos = HEADER_SIZE
+        for i in range(self.count):
+            length, body = _get_varint(buffer, pos)
+            end = body + length
+            delta, p = _get_varint(buffer, body + 1)  # after the attributes
+            _, p = _get_varint(buffer, p)  # offsetDelta
+            key_len, p = _get_varint(buffer, p)
+            key: bytes | None = None
+            if key_len >= 0:
+                key = bytes(buffer[p : p + key_len])
+                p += key_len
+            value_len, p = _get_varint(buffer, p)
+            value: bytes | None = None
+            if value_len >= 0:
+                value = bytes(buffer[p : p + value_len])
+                p += value_len
+            header_count, p = _get_varint(buffer, p)
+            headers = bytes(buffer[p:end])
+            part = first if i < half else second
+            part.append(self.first_ts + delta, key, value, headers, -1, b"", header_count)
+            pos = end
+        return first, second
+
     def release(self) -> bytearray:
         """Give the buffer up once the batch is built (a replay builds it again from
         ``built``), for a new batch to write into."""
@@ -349,6 +393,20 @@ def write_record_python(
         pos += len(digits)
     buffer[pos : pos + len(tail)] = tail
     return pos + len(tail)
+
+
+def _get_varint(buffer: bytearray, pos: int) -> tuple[int, int]:
+    """The zigzag varint at ``pos``, and the position after it."""
+    v = 0
+    shift = 0
+    while True:
+        b = buffer[pos]
+        pos += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+    return (v >> 1) ^ -(v & 1), pos
 
 
 def _put_varint(buffer: bytearray, pos: int, value: int) -> int:

@@ -31,7 +31,11 @@ A record's partition is what Kafka's default partitioner gives its key
 (:mod:`cdcd.sinks.kafka.partition`: murmur2 of the key bytes, made positive, modulo the topic's
 partition count, learnt once per topic); a keyless record goes to a random partition. A batch is
 closed when the next record does not fit in ``max_batch_size`` (a larger record goes alone in
-its batch).
+its batch), uncompressed, or, when that is set over ``max_request_size`` (the broker's limit,
+which applies to the compressed batch), once its compressed size, estimated from the topic's
+batches before, would reach 90 % of ``max_request_size``; such a batch is compressed as it
+closes and split in two while it came out over the limit (:meth:`Batches.close`), as Kafka's
+Java producer splits a batch the broker refused as too large.
 
 Hand-over, ordering, durability and failures: :mod:`cdcd.sinks.kafka.sender` (the producer, the
 window of unacknowledged batches and transaction ends, replays, the one place aiokafka's
@@ -61,7 +65,7 @@ from cdcd.sinks.base import Sink, SinkContext, run_events
 from cdcd.sinks.kafka.batches import Batches
 from cdcd.sinks.kafka.client import KafkaSinkConfig, compression_available
 from cdcd.sinks.kafka.exactly_once import KafkaTransactions
-from cdcd.sinks.kafka.recordbatch import Record, Where, encode_headers, record_size
+from cdcd.sinks.kafka.recordbatch import CODECS, Record, Where, encode_headers, record_size
 from cdcd.sinks.kafka.sender import Sender
 
 if TYPE_CHECKING:
@@ -101,6 +105,8 @@ class KafkaSink(Sink):
             max_batch_size=config.max_batch_size,
             max_request_size=config.max_request_size,
             check_size=self._check_size,
+            codec=CODECS[config.compression],
+            level=config.level(),
         )
         self._window = self._batches.window  # batches and transaction end LSNs
         # exactly once (docs/kafka.md): the window is released only by a Kafka commit
@@ -241,6 +247,7 @@ class KafkaSink(Sink):
             **self._sender.stats,
             "window_records": self._batches.window_records,
             "window_bytes": self._batches.window_bytes,
+            "batches_split": self._batches.splits,
         }
 
     # --- building records --------------------------------------------------------------------
