@@ -110,6 +110,20 @@ def s3_conf(
     }
 
 
+def log_tasks(master: str, partitions: int) -> int:
+    """How many tasks Delta reads a table's log with: ``partitions``, at most the cores of a
+    ``local[N]`` master (``local``: one; ``local[*]``: the machine's)."""
+    if master == "local":
+        return 1
+    if master.startswith("local["):
+        cores = master[len("local[") :].split(",")[0].rstrip("]")
+        if cores == "*":
+            return max(1, min(partitions, os.cpu_count() or 1))
+        if cores.isdigit():
+            return max(1, min(partitions, int(cores)))
+    return partitions
+
+
 def session(
     app_name: str = "cdcd",
     master: str = "local[2]",
@@ -134,8 +148,9 @@ def session(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.log.level", "ERROR")
-        # Delta reads its log with this many tasks (default 50): small tables, small machines
-        .config("spark.databricks.delta.snapshotPartitions", str(partitions))
+        # Delta rebuilds a table's state from its log (every new version: each micro-batch)
+        # with this many tasks (default 50); more tasks than the cores only add overhead
+        .config("spark.databricks.delta.snapshotPartitions", str(log_tasks(master, partitions)))
         .config("spark.ui.showConsoleProgress", "false")
     )
     settings = {**jar_conf(), **table_conf(iceberg_warehouse), **(conf or {})}

@@ -4,6 +4,7 @@ the jars are not cached) and ``scripts/maven/spark/pom.xml`` (what ``scripts/set
 
 from __future__ import annotations
 
+import os
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -42,3 +43,14 @@ def test_pom_packages_and_pyspark_pin_agree() -> None:
         artifact = coordinate.split(":")[1]
         if "spark" in artifact and artifact.endswith("_2.13") and "kafka" not in artifact:
             assert f"{minor}_2.13" in artifact or f"-{minor}_2.13" in artifact, coordinate
+
+
+def test_delta_reads_its_log_with_no_more_tasks_than_local_cores() -> None:
+    from cdcd.spark.session import log_tasks
+
+    assert log_tasks("local[2]", 8) == 2
+    assert log_tasks("local[4,3]", 2) == 2
+    assert log_tasks("local", 8) == 1
+    assert log_tasks("local[*]", 1) == 1
+    assert 1 <= log_tasks("local[*]", 10_000) <= (os.cpu_count() or 1)
+    assert log_tasks("spark://host:7077", 8) == 8
