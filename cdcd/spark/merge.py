@@ -268,9 +268,12 @@ def merge_changes(
         rows = apply_changes(None, events, keys, unknown=True)
     else:
         rows = held_rows(spark, events, target, keys, facts, tombstones)
-    rows = rows.localCheckpoint()
-    if not unknown and facts.truncate is None and rows.isEmpty():
-        return None
+    if not unknown:  # read twice (emptiness, then the MERGE or the append)
+        rows = rows.localCheckpoint()
+        if facts.truncate is None and rows.isEmpty():
+            return None
+    # folded on its own, the rows go to the MERGE as a plan: Delta materializes a source
+    # that reads more than Delta tables once itself (merge.materializeSource "auto")
     view = f"cdcd_merge_{uuid.uuid4().hex[:12]}"
     if into_empty:
         if not tombstones:
