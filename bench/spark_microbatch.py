@@ -1,6 +1,7 @@
 """What a micro-batch MERGE into a Delta Lake table costs next to rebuilding the table.
 
     python -m bench.spark_microbatch [--rows 1000000] [--batch 1000] [--scd-type 1|2]
+        [--warmup 5] [--batches 5]
 
 Writes a table folder the way the file sink does (``_schema/`` file, JSON Lines files named by
 position) holding ``--rows`` inserts, then times, on a local ``local[2]`` session with the
@@ -10,7 +11,9 @@ pinned Delta Lake (:func:`cdcd.spark.session.session`):
   table (read, fold, one write);
 * **micro-batch, OLTP**: ``apply_to_table`` of ``--batch`` events shaped like an OLTP
   table's stream: half inserts of new keys, 40% updates and 10% deletes of rows among the
-  newest 20,000 (three different batches; the median is reported);
+  newest 20,000: ``--warmup`` batches (default 5, timed but not counted: the first MERGEs
+  of a JVM compile and warm up; batch 1 costs about twice batch 10), then ``--batches``
+  batches (default 5) whose median is reported, the steady batch of a long-running stream;
 * **replay**: the last batch applied again (changes nothing);
 * **micro-batch, random keys**: ``--batch`` updates of keys drawn uniformly from the whole
   table (every file of the table touched).
@@ -18,8 +21,9 @@ pinned Delta Lake (:func:`cdcd.spark.session.session`):
 ``--scd-type 2`` writes a type 2 table (AUTO CDC's ``stored_as_scd_type=2``: every version
 kept, :mod:`cdcd.spark.scd2`) instead. Prints one JSON object with the seconds and the ratios
 to the rebuild, the load averages at the start and the end (the machine may be shared), the
-number of Spark jobs each apply ran, and Delta's own timings of each OLTP batch's commit
-(``DESCRIBE HISTORY``'s ``operationMetrics``).
+number of Spark jobs each apply ran, the CPU seconds the JVM spent in each (user + system,
+from ``/proc``: steadier than seconds on a shared machine) and Delta's own timings of each
+OLTP batch's commit (``DESCRIBE HISTORY``'s ``operationMetrics``).
 """
 
 from __future__ import annotations
@@ -102,6 +106,19 @@ def write_initial(spark: Any, folder: Path, rows: int) -> None:
     shutil.rmtree(staging)
 
 
+def jvm_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's children (the Spark JVM), from ``/proc``."""
+    ticks, me = 0, os.getpid()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def write_batch(path: Path, events: list[bytes]) -> Path:
     path.write_bytes(b"\n".join(events) + b"\n")
     return path
@@ -125,6 +142,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--memory", default="2g")
     parser.add_argument("--scd-type", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args()
 
     from cdcd.spark.session import session
@@ -135,12 +154,14 @@ def main() -> None:
     spark = session("cdcd-bench", master="local[2]", memory=args.memory, partitions=8)
     work = Path(tempfile.mkdtemp(prefix="cdcd-spark-bench-"))
 
-    tracker, jobs = spark.sparkContext.statusTracker(), []
+    tracker, jobs, cpu = spark.sparkContext.statusTracker(), [], []
 
     def apply_batch(events: Any, target: str) -> None:
         group = f"cdcd-bench-{len(jobs)}"
         spark.sparkContext.setJobGroup(group, group)
+        before = jvm_cpu_seconds()
         apply_to_table(spark, events, target, format="delta", stored_as_scd_type=args.scd_type)
+        cpu.append(round(jvm_cpu_seconds() - before, 2))
         jobs.append(len(tracker.getJobIdsForGroup(group)))
         spark.sparkContext.setJobGroup("cdcd-bench", "cdcd-bench")
 
@@ -161,7 +182,7 @@ def main() -> None:
         full = time.monotonic() - started
         rng = random.Random(17)
         lsn, new_from, oltp, commits = args.rows + 10, args.rows + 1, [], []
-        for _ in range(3):
+        for _ in range(args.warmup + args.batches):
             path = write_batch(
                 work / f"b{lsn}.jsonl", oltp_batch(args.rows, args.batch, lsn, rng, new_from)
             )
@@ -181,24 +202,27 @@ def main() -> None:
         apply_batch(spark.read.schema(schema).json(str(path)), dst)
         random_batch = time.monotonic() - started
         state = table_rows(spark, dst)
+        oltp_count = args.warmup + args.batches
+        names = ["rebuild", *(f"oltp_{n + 1}" for n in range(oltp_count)), "replay", "random"]
+        counted, counted_cpu = oltp[args.warmup :], cpu[1 + args.warmup : 1 + oltp_count]
         result = {
             "rows": args.rows,
             "batch_events": args.batch,
             "target": "delta",
             "scd_type": args.scd_type,
             "rebuild_s": round(full, 2),
+            "warmup_batches": args.warmup,
             "oltp_batch_s": [round(s, 2) for s in oltp],
-            "oltp_batch_median_s": round(statistics.median(oltp), 2),
-            "oltp_ratio": round(statistics.median(oltp) / full, 3),
+            "oltp_batch_median_s": round(statistics.median(counted), 2),
+            "oltp_ratio": round(statistics.median(counted) / full, 3),
+            "oltp_batch_median_cpu_s": round(statistics.median(counted_cpu), 2),
+            "oltp_cpu_ratio": round(statistics.median(counted_cpu) / cpu[0], 3),
             "replay_s": round(replay, 2),
             "random_batch_s": round(random_batch, 2),
             "random_ratio": round(random_batch / full, 3),
             "state_rows": state.count(),
-            "spark_jobs": dict(
-                zip(
-                    ["rebuild", "oltp_1", "oltp_2", "oltp_3", "replay", "random"], jobs, strict=True
-                )
-            ),
+            "spark_jobs": dict(zip(names, jobs, strict=True)),
+            "jvm_cpu_s": dict(zip(names, cpu, strict=True)),
             "oltp_commits": commits,
             "loadavg_start": [round(x, 2) for x in load_start],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
