@@ -421,6 +421,35 @@ class KafkaRecord:
         return f"<{self.topic}[{self.partition}]@{self.offset} {self.position}>"
 
 
+async def _described_topics(bootstrap: str, topics: list[str]) -> list[dict[str, Any]]:
+    """``topics`` as the broker describes them, asked again (for up to 30 s) while one of them
+    comes back with an error or a partition without a leader: a topic created moments ago can
+    be described before the broker's metadata has all of it, and a partition left out would be
+    read as empty."""
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    if not topics:
+        return []
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        for _ in range(60):
+            described = await admin.describe_topics(topics)
+            if all(
+                not t["error_code"]
+                and t["partitions"]
+                and all(p["leader"] >= 0 and not p["error_code"] for p in t["partitions"])
+                for t in described
+            ):
+                return list(described)
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"topics not fully described in 30 s: {described}")
+    finally:
+        await admin.close()
+
+
 async def consume_prefix(
     bootstrap: str,
     prefix: str,
@@ -436,7 +465,6 @@ async def consume_prefix(
     import asyncio
 
     from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -452,12 +480,7 @@ async def consume_prefix(
             for t in await consumer.topics()
             if t.startswith(prefix + ".") and t != f"{prefix}.cdcd-positions"
         )
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            described = await admin.describe_topics(topics) if topics else []
-        finally:
-            await admin.close()
+        described = await _described_topics(bootstrap, topics)
         parts = [
             TopicPartition(t["topic"], p["partition"])
             for t in described
@@ -472,10 +495,13 @@ async def consume_prefix(
         quiet = 0
         while parts and quiet < 2:
             read = sum(len(r) for r in records.values())
-            assert read >= count or loop.time() < deadline, (
-                f"{read} records of {prefix}.* within {timeout}s, expected {count}: "
-                f"{ {t: len(r) for t, r in records.items()} }"
-            )
+            if read < count and loop.time() >= deadline:
+                ends = await consumer.end_offsets(parts)  # what the broker holds, by partition
+                raise AssertionError(
+                    f"{read} records of {prefix}.* within {timeout}s, expected {count}: "
+                    f"{ {t: len(r) for t, r in records.items()} }; the partitions' end offsets: "
+                    f"{ {f'{tp.topic}/{tp.partition}': end for tp, end in ends.items()} }"
+                )
             assert loop.time() < deadline + timeout, f"{prefix}.* never goes quiet"
             batch = await consumer.getmany(timeout_ms=500)
             for tp, recs in batch.items():
