@@ -76,9 +76,23 @@ def _newer(a: str, b: str) -> str:
     )
 
 
-#: A key range: the first key column and the smallest and largest value a batch touches.
+#: A key range: the first key column and bounds holding every value a batch touches.
 KeyRange = tuple[str, int, int]
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
+_BITS: dict[type[DataType], int] = {ByteType: 8, ShortType: 16, IntegerType: 32, LongType: 64}
+
+
+def coarse_range(low: int, high: int, bits: int = 64) -> tuple[int, int]:
+    """``[low, high]`` widened to multiples of a power of two no smaller than an eighth of
+    its span. Spark writes a statement's integer literals into the Java code it generates and
+    compiles: a key range of new bounds each micro-batch made every stage reading the target
+    a new class to compile (a tenth of a steady batch's CPU). A stream's next batches mostly
+    fall within the same coarse bounds; the range grows by at most a quarter plus one step
+    (a few more rows to read, no more files in practice), within the values of a ``bits``-bit
+    integer column."""
+    step = 1 << max(0, ((high - low) // 8).bit_length())
+    smallest, largest = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return max(smallest, low - low % step), min(largest, high - high % step + step - 1)
 
 
 def merge_sql(
@@ -153,8 +167,9 @@ BROADCAST_KEYS = 100_000
 @dataclass(frozen=True, slots=True)
 class BatchFacts:
     """What one pass over a batch's events finds (:func:`batch_facts`): how many events and
-    row events, the newest ``commit_lsn``, the newest truncate, the range of the first key
-    column (when integral; key-change creates' ``old_key`` included) and ``links``: some
+    row events, the newest ``commit_lsn``, the newest truncate, a range of the first key
+    column (when integral) holding its values in the batch (key-change creates' ``old_key``
+    included; :func:`coarse_range`) and ``links``: some
     key-change create leaves TOASTed columns unchanged (its values come from the old key's
     row, which only a read of the target finds)."""
 
@@ -204,7 +219,9 @@ def batch_facts(events: DataFrame, keys: Sequence[str]) -> BatchFacts:
         row_events=int(rows),
         commit_lsn=None if lsn is None else int(lsn),
         truncate=None if cut is None else (int(cut[0]), int(cut[1])),
-        key_range=None if low is None or first is None else (first, int(low), int(high)),
+        key_range=None
+        if low is None or first is None
+        else (first, *coarse_range(int(low), int(high), _BITS[type(types[first])])),
         links=bool(linked),
     )
 
@@ -230,7 +247,7 @@ def held_rows(
     if facts.row_events <= BROADCAST_KEYS:
         touched = F.broadcast(touched)
     held = current.join(touched, on=keys, how="left_semi").localCheckpoint()
-    rows = apply_changes(held, events, keys)
+    rows = apply_changes(held, events, keys, newest_truncate=facts.truncate)
     # a key whose newest position is the one the table holds is unchanged: nothing to write
     position = [*keys, COMMIT_LSN, SEQ]
     return rows.join(held.select(*position), on=position, how="left_anti")
@@ -263,9 +280,9 @@ def merge_changes(
     columns = row_type(events).names
     unknown = not facts.links and not into_empty
     if into_empty:
-        rows = apply_changes(None, events, keys)
+        rows = apply_changes(None, events, keys, newest_truncate=facts.truncate)
     elif unknown:
-        rows = apply_changes(None, events, keys, unknown=True)
+        rows = apply_changes(None, events, keys, unknown=True, newest_truncate=facts.truncate)
     else:
         rows = held_rows(spark, events, target, keys, facts, tombstones)
     if not unknown:  # read twice (emptiness, then the MERGE or the append)

@@ -101,6 +101,7 @@ _SEG = "_cdc_seg"
 _LINE = "_cdc_line"
 #: the columns of a row that its batch gave no value for (``apply_changes(unknown=True)``)
 UNKNOWN = "_cdc_unknown"
+_FIND = "find"  # apply_changes(newest_truncate=): look for it in the events
 MAX_LINK_ROUNDS = 64  # pointer doubling: resolves chains of up to 2**64 key changes
 
 
@@ -145,10 +146,15 @@ def apply_changes(
     key_columns: Sequence[str] | None = None,
     *,
     unknown: bool = False,
+    newest_truncate: tuple[int, int] | str | None = _FIND,
 ) -> DataFrame:
     """The state after applying a batch of ``events`` to ``state`` (a previous result of this
     function, or None for an empty table). Idempotent: events at or before a key's position in
     the state are ignored, duplicates within the batch are dropped.
+
+    ``newest_truncate``: the position of the batch's newest truncate, or None when it has
+    none, when the caller already knows (a keyed table's fold then skips finding it); by
+    default it is found in the events.
 
     ``unknown`` (with ``state`` None, for a batch without key-change creates leaving TOASTed
     columns unchanged): each row also carries :data:`UNKNOWN`, the names of the columns whose
@@ -169,11 +175,15 @@ def apply_changes(
     others = [c for c in types if c not in keys]
     versions = _versions(state, rows, keys, types, unknown)
     by_key = Window.partitionBy(*keys).orderBy(COMMIT_LSN, SEQ, ORDER)
-    newest = (
-        versions.withColumn("_cdc_last", F.lead(COMMIT_LSN).over(by_key).isNull())
-        .where("_cdc_last")
-        .crossJoin(F.broadcast(truncate))
+    newest = versions.withColumn("_cdc_last", F.lead(COMMIT_LSN).over(by_key).isNull()).where(
+        "_cdc_last"
     )
+    if isinstance(newest_truncate, str):
+        newest = newest.crossJoin(F.broadcast(truncate))
+    else:  # the caller knows it: no pass over the events to find it
+        lsn, seq = newest_truncate or (None, None)
+        newest = newest.withColumn(TRUNC_LSN, F.lit(lsn).cast("long"))
+        newest = newest.withColumn(TRUNC_SEQ, F.lit(seq).cast("long"))
     cut = F.col(TRUNC_LSN).isNotNull() & later(TRUNC_LSN, TRUNC_SEQ, COMMIT_LSN, SEQ)
     deleted = cut | (F.col(OP) == "d")
     shown = ~deleted | (~cut & F.col(KEEP))
