@@ -33,7 +33,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.errors import AnalysisException
@@ -207,6 +208,96 @@ def narrow(events: DataFrame, columns: Sequence[str]) -> DataFrame:
     return events
 
 
+#: Events per shuffle partition when a batch is applied to a keyed table. What the fold and
+#: the MERGE shuffle grows with the batch, not with the table, so a micro-batch of a few
+#: thousand events runs its shuffles (about ten, with Delta's own) in one partition: each
+#: partition is a task to schedule, for every one of them. A large batch (the first, into an
+#: empty table) gets up to ``spark.sql.shuffle.partitions``.
+EVENTS_PER_PARTITION = 100_000
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
+
+@contextmanager
+def batch_partitions(spark: SparkSession, events: int) -> Iterator[int]:
+    """Within the block, the session's shuffles of a batch of ``events`` have one partition
+    per :data:`EVENTS_PER_PARTITION` events, at most as many as configured; yields that."""
+    configured = int(spark.conf.get(SHUFFLE_PARTITIONS) or "200")
+    wanted = max(1, min(configured, -(-events // EVENTS_PER_PARTITION)))
+    if wanted == configured:
+        yield wanted
+        return
+    spark.conf.set(SHUFFLE_PARTITIONS, str(wanted))
+    try:
+        yield wanted
+    finally:
+        spark.conf.set(SHUFFLE_PARTITIONS, str(configured))
+
+
+#: Delta: a MERGE rewrites the files it touches whole (copy-on-write) when the table's last
+#: MERGE touched files of at most this many bytes, and marks the rows it replaces in deletion
+#: vectors otherwise. Deletion vectors spare copying a touched file's other rows but cost
+#: Spark jobs of their own (the touched files scanned twice more, the vectors written): about
+#: 0.5 s a batch on 2 cores, the time to rewrite a few megabytes. A stream whose changes
+#: fall among its newest rows touches small files; one scattered over a large table does not.
+COPY_ON_WRITE_BYTES = 8 << 20
+DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
+
+
+def last_merge_touched(spark: SparkSession, target: str) -> int | None:
+    """The bytes of the files the newest version of the Delta table ``target`` touched, when
+    a MERGE made it, else None: of the files it rewrote (``numTargetBytesRemoved``), or, when
+    it wrote deletion vectors, as many files as it marked times the table's mean file size
+    (Delta does not count their bytes)."""
+    newest = spark.sql(f"DESCRIBE HISTORY {target} LIMIT 1").collect()
+    if not newest or newest[0]["operation"] != "MERGE":
+        return None
+    metrics = newest[0]["operationMetrics"] or {}
+    marked = sum(int(metrics.get(f"numTargetDeletionVectors{k}", 0)) for k in ("Added", "Updated"))
+    if not marked:
+        return int(metrics.get("numTargetBytesRemoved", 0))
+    detail = spark.sql(f"DESCRIBE DETAIL {target}").collect()[0]
+    files, size = int(detail["numFiles"] or 0), int(detail["sizeInBytes"] or 0)
+    return marked * size // files if files else 0
+
+
+#: Reading a table's history runs a Spark job (a tenth of a small batch): a process reads it
+#: again after this many of its MERGEs into the table (a stream changing its shape is
+#: followed within as many batches), and before each one until a MERGE has made a version.
+RECHECK_AFTER = 10
+_touched: dict[str, tuple[int, int]] = {}  # target: (MERGEs before reading again, bytes)
+
+
+def _last_touched(spark: SparkSession, target: str) -> int | None:
+    left, touched = _touched.get(target, (0, 0))
+    if left > 0:
+        _touched[target] = (left - 1, touched)
+        return touched
+    found = last_merge_touched(spark, target)
+    if found is not None:
+        _touched[target] = (RECHECK_AFTER - 1, found)
+    return found
+
+
+@contextmanager
+def merge_strategy(spark: SparkSession, target: str) -> Iterator[bool]:
+    """Within the block, the Delta table ``target``'s MERGE copies the files it touches
+    (yields True) or writes deletion vectors (False): :data:`COPY_ON_WRITE_BYTES`, as the
+    table's last MERGE (:data:`RECHECK_AFTER`) found."""
+    touched = _last_touched(spark, target)
+    if touched is None or touched > COPY_ON_WRITE_BYTES:
+        yield False
+        return
+    before = spark.conf.get(DELETION_VECTORS, None)
+    spark.conf.set(DELETION_VECTORS, "false")
+    try:
+        yield True
+    finally:
+        if before is None:
+            spark.conf.unset(DELETION_VECTORS)
+        else:
+            spark.conf.set(DELETION_VECTORS, before)
+
+
 def apply_to_table(
     spark: SparkSession,
     events: DataFrame,
@@ -250,10 +341,17 @@ def apply_to_table(
     if columns != available:
         events = narrow(events, columns)
     created = prepare_table(spark, target, events, format, label, cdc.scd2)
-    if cdc.scd2:
-        merge_scd2(spark, events, target, keys, tracked)
-    elif keys:
-        merge_changes(spark, events, target, keys, tombstones=True, into_empty=created, facts=facts)
+    if keys:
+        with batch_partitions(spark, facts.events):
+            if cdc.scd2:
+                merge_scd2(spark, events, target, keys, tracked)
+            elif created or format != "delta":
+                merge_changes(
+                    spark, events, target, keys, tombstones=True, into_empty=created, facts=facts
+                )
+            else:
+                with merge_strategy(spark, target):
+                    merge_changes(spark, events, target, keys, tombstones=True, facts=facts)
     else:  # a multiset (cdcd.spark.keyless): the whole table, rewritten in one commit
         current = spark.table(target)
         state = apply_changes(current, events, []).localCheckpoint()
