@@ -143,7 +143,8 @@ def session(
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """A local classic SparkSession with Delta Lake, Iceberg (when ``iceberg_warehouse`` is
-    given), the Kafka source and S3A: no UI, ``partitions`` shuffle partitions, UTC time zone.
+    given), the Kafka source and S3A: no UI, ``partitions`` shuffle partitions, UTC time zone,
+    no Python call sites recorded for error messages.
     ``warehouse`` is ``spark.sql.warehouse.dir`` (managed tables); ``conf`` adds settings."""
     from pyspark.sql import SparkSession
 
@@ -161,6 +162,10 @@ def session(
         # with this many tasks (default 50); more tasks than the cores only add overhead
         .config("spark.databricks.delta.snapshotPartitions", str(log_tasks(master, partitions)))
         .config("spark.ui.showConsoleProgress", "false")
+        # PySpark records the Python call site of every DataFrame and Column call for error
+        # messages: several JVM calls and a failing IPython import each time, about 0.1 s of a
+        # micro-batch, whose plan cdcd builds anew each batch (docs/spark.md)
+        .config("spark.python.sql.dataFrameDebugging.enabled", "false")
     )
     settings = {**jar_conf(), **table_conf(iceberg_warehouse), **(conf or {})}
     if warehouse is not None:

@@ -165,3 +165,12 @@ def test_merge_copies_small_touched_files_and_marks_rows_in_large_ones(
     assert len(state) == 497
     assert state[12] == 2 and state[23] == 3 and state[11] == 1 and state[5] == 0
     assert 401 not in state and 403 not in state
+
+
+def test_session_records_no_python_call_sites(spark: Any) -> None:
+    """cdcd builds each batch's plan anew: PySpark's recording of the call site of every
+    DataFrame and Column call is off in its sessions."""
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert not is_debugging_enabled()
