@@ -4,8 +4,9 @@
 holds the table's columns plus ``_cdc_commit_lsn`` and ``_cdc_seq`` (the position of each
 row's newest event; with ``tombstones=True`` also ``_cdc_deleted``):
 
-1. one pass over the batch (:func:`batch_facts`) finds how many events it holds, its newest
-   truncate, the range of its keys and whether a key-change create in it leaves TOASTed
+1. one pass over the batch (:func:`batch_facts`; :func:`checkpoint_with_facts` makes it while
+   checkpointing the batch) finds how many events it holds, its newest truncate, the range
+   of its keys and whether a key-change create in it leaves TOASTed
    columns unchanged (its values are those of the old key's row);
 2. :func:`cdcd.spark.state.apply_changes` folds the batch: the latest event per key by
    ``(commit_lsn, seq)``, unchanged TOAST values filled from earlier events of the batch,
@@ -39,8 +40,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
@@ -181,9 +183,9 @@ class BatchFacts:
     links: bool
 
 
-def batch_facts(events: DataFrame, keys: Sequence[str]) -> BatchFacts:
-    """:class:`BatchFacts` of one table's ``events`` with the key columns ``keys`` (empty for
-    a table without a key), in one Spark job."""
+def _fact_measures(events: DataFrame, keys: Sequence[str]) -> tuple[list[Column], DataType | None]:
+    """The aggregates :func:`batch_facts` computes, named ``f0``…, and the type of the first
+    key column when its range is among them."""
     is_row = F.col("op").isin(*ROW_OPS)
     position = F.struct(F.col("source.commit_lsn").cast("long"), F.col("source.seq").cast("long"))
     old_key = source_field(events, "old_key")
@@ -204,26 +206,51 @@ def batch_facts(events: DataFrame, keys: Sequence[str]) -> BatchFacts:
         F.max(links.cast("int")),
     ]
     types = {f.name: f.dataType for f in row_type(events).fields} if keys else {}
-    first = keys[0] if keys and keys[0] in types else None
-    if first is not None and isinstance(types[first], _INTEGRAL):
-        low = high = key_value(events, first, types[first])
-        if isinstance(old_key, StructType) and first in old_key.names:
-            old = F.col("source.old_key").getField(first).cast(types[first])
-            low, high = F.least(low, old), F.greatest(high, old)
-        measures += [F.min(F.when(is_row, low)), F.max(F.when(is_row, high))]
-    else:
-        measures += [F.lit(None), F.lit(None)]
-    count, rows, lsn, cut, linked, low, high = events.agg(*measures).collect()[0]
+    key_type = types.get(keys[0]) if keys else None
+    if not isinstance(key_type, _INTEGRAL):
+        return [m.alias(f"f{i}") for i, m in enumerate(measures)], None
+    low = high = key_value(events, keys[0], key_type)
+    if isinstance(old_key, StructType) and keys[0] in old_key.names:
+        old = F.col("source.old_key").getField(keys[0]).cast(key_type)
+        low, high = F.least(low, old), F.greatest(high, old)
+    measures += [F.min(F.when(is_row, low)), F.max(F.when(is_row, high))]
+    return [m.alias(f"f{i}") for i, m in enumerate(measures)], key_type
+
+
+def _facts(values: Sequence[Any], keys: Sequence[str], key_type: DataType | None) -> BatchFacts:
+    count, rows, lsn, cut, linked, *bounds = values
+    low, high = bounds if bounds else (None, None)
     return BatchFacts(
         events=int(count),
         row_events=int(rows),
         commit_lsn=None if lsn is None else int(lsn),
         truncate=None if cut is None else (int(cut[0]), int(cut[1])),
         key_range=None
-        if low is None or first is None
-        else (first, *coarse_range(int(low), int(high), _BITS[type(types[first])])),
+        if low is None or high is None or key_type is None
+        else (keys[0], *coarse_range(int(low), int(high), _BITS[type(key_type)])),
         links=bool(linked),
     )
+
+
+def batch_facts(events: DataFrame, keys: Sequence[str]) -> BatchFacts:
+    """:class:`BatchFacts` of one table's ``events`` with the key columns ``keys`` (empty for
+    a table without a key), in one Spark job."""
+    measures, key_type = _fact_measures(events, keys)
+    return _facts(list(events.agg(*measures).collect()[0]), keys, key_type)
+
+
+def checkpoint_with_facts(events: DataFrame, keys: Sequence[str]) -> tuple[DataFrame, BatchFacts]:
+    """``events`` checkpointed locally (they are read several times) and their
+    :class:`BatchFacts`, observed while the checkpoint is written: one Spark job, not two.
+    Through Spark Connect the facts take a job of their own."""
+    if type(events).__module__.startswith("pyspark.sql.connect"):
+        checkpointed = events.localCheckpoint()
+        return checkpointed, batch_facts(checkpointed, keys)
+    measures, key_type = _fact_measures(events, keys)
+    observed = Observation(f"cdcd_facts_{uuid.uuid4().hex[:12]}")
+    checkpointed = events.observe(observed, *measures).localCheckpoint()
+    found = observed.get
+    return checkpointed, _facts([found[f"f{i}"] for i in range(len(measures))], keys, key_type)
 
 
 def held_rows(
