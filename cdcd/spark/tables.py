@@ -55,7 +55,7 @@ from pyspark.sql.types import (
 
 from cdcd.spark.autocdc import START_AT, AutoCdc, AutoCdcError
 from cdcd.spark.columns import COMMIT_LSN, DELETED, METADATA, SEQ, default_key_columns, row_type
-from cdcd.spark.merge import _q, batch_facts, merge_changes
+from cdcd.spark.merge import _q, checkpoint_with_facts, merge_changes
 from cdcd.spark.scd2 import SCD2_COLUMNS, merge_scd2, scd2_columns_ddl
 from cdcd.spark.state import apply_changes, current_rows
 
@@ -323,9 +323,8 @@ def apply_to_table(
         track_history_except_column_list,
     )
     started = time.monotonic()
-    events = events.localCheckpoint()
     keys = list(default_key_columns(events) if key_columns is None else key_columns)
-    facts = batch_facts(events, keys)
+    events, facts = checkpoint_with_facts(events, keys)
     if not facts.events:
         return {"events": 0, "seconds": 0.0, "commit_lsn": None}
     if cdc.scd2 and not keys:
@@ -342,7 +341,9 @@ def apply_to_table(
         events = narrow(events, columns)
     created = prepare_table(spark, target, events, format, label, cdc.scd2)
     if keys:
-        with batch_partitions(spark, facts.events):
+        with batch_partitions(spark, facts.events) as partitions:
+            if partitions == 1:  # in one partition the fold needs no shuffle at all
+                events = events.coalesce(1)
             if cdc.scd2:
                 merge_scd2(spark, events, target, keys, tracked)
             elif created or format != "delta":

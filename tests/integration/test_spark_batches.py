@@ -16,7 +16,7 @@ from tests.sparkutil import change_event, write_jsonl, write_schema_file
 pytest.importorskip("pyspark")
 
 from cdcd.spark import apply_changes, apply_to_table, events_from_files, table_rows, tables
-from cdcd.spark.merge import batch_facts, coarse_range
+from cdcd.spark.merge import batch_facts, checkpoint_with_facts, coarse_range
 from cdcd.spark.tables import SHUFFLE_PARTITIONS, batch_partitions
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
@@ -114,8 +114,8 @@ def test_fold_told_the_truncate_equals_finding_it(
     frame = events_from_files(spark, folder_of(tmp_path, events), TABLE).localCheckpoint()
     facts = batch_facts(frame, ["id"])
     assert (facts.truncate is not None) == with_truncate
-    found = apply_changes(None, frame, ["id"], unknown=True)
-    told = apply_changes(None, frame, ["id"], unknown=True, newest_truncate=facts.truncate)
+    found = apply_changes(None, frame.coalesce(1), ["id"], unknown=True)
+    told = apply_changes(None, frame.coalesce(1), ["id"], unknown=True, newest_truncate=facts.truncate)
     assert sorted(map(tuple, told.collect())) == sorted(map(tuple, found.collect()))
     deleted = {r["id"]: r["_cdc_deleted"] for r in told.collect()}
     assert deleted == (
@@ -174,3 +174,33 @@ def test_session_records_no_python_call_sites(spark: Any) -> None:
 
     assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
     assert not is_debugging_enabled()
+
+
+def test_facts_found_while_checkpointing_in_one_job(spark: Any, tmp_path: Path) -> None:
+    events = [
+        change_event("c", (10, i), after={"id": 100 + i, "note": "x", "n": i}) for i in range(6)
+    ]
+    events += [change_event("t", (11, 0), key=None), change_event("d", (12, 0), before={"id": 101})]
+    frame = events_from_files(spark, folder_of(tmp_path, events), TABLE)
+    tracker, group = spark.sparkContext.statusTracker(), "cdcd-test-facts"
+    spark.sparkContext.setJobGroup(group, group)
+    try:
+        checkpointed, facts = checkpoint_with_facts(frame, ["id"])
+        ran = len(tracker.getJobIdsForGroup(group))
+    finally:
+        spark.sparkContext.setJobGroup("cdcd-test", "cdcd-test")
+    assert ran == 1
+    assert facts == batch_facts(checkpointed, ["id"])
+    assert (facts.events, facts.row_events, facts.truncate) == (8, 7, (11, 0))
+    assert facts.key_range is not None and facts.key_range[1] <= 100 <= 105 <= facts.key_range[2]
+
+
+def test_fold_of_a_batch_in_one_partition_shuffles_nothing(spark: Any, tmp_path: Path) -> None:
+    events = [
+        change_event("c", (10, i), after={"id": i % 3, "note": "x", "n": i}) for i in range(9)
+    ]
+    frame = events_from_files(spark, folder_of(tmp_path, events), TABLE).localCheckpoint()
+    folded = apply_changes(None, frame.coalesce(1), ["id"], unknown=True, newest_truncate=None)
+    plan = folded._jdf.queryExecution().executedPlan().toString()
+    assert "Exchange" not in plan, plan
+    assert {(r["id"], r["n"]) for r in folded.collect()} == {(0, 6), (1, 7), (2, 8)}
