@@ -115,7 +115,9 @@ def test_fold_told_the_truncate_equals_finding_it(
     facts = batch_facts(frame, ["id"])
     assert (facts.truncate is not None) == with_truncate
     found = apply_changes(None, frame.coalesce(1), ["id"], unknown=True)
-    told = apply_changes(None, frame.coalesce(1), ["id"], unknown=True, newest_truncate=facts.truncate)
+    told = apply_changes(
+        None, frame.coalesce(1), ["id"], unknown=True, newest_truncate=facts.truncate
+    )
     assert sorted(map(tuple, told.collect())) == sorted(map(tuple, found.collect()))
     deleted = {r["id"]: r["_cdc_deleted"] for r in told.collect()}
     assert deleted == (
