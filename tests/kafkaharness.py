@@ -191,7 +191,12 @@ class _Node:
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A random id as Kafka's ``Uuid.randomUuid`` makes them: never starting with ``-``
+    (``kafka-storage format --cluster-id -x…`` would read it as an option and fail)."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 @dataclass
