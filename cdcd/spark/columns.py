@@ -21,6 +21,11 @@ TRUNC_LSN = "_cdc_trunc_lsn"
 TRUNC_SEQ = "_cdc_trunc_seq"
 
 
+def is_connect(frame: DataFrame) -> bool:
+    """Whether ``frame`` is a Spark Connect DataFrame (not a classic one)."""
+    return type(frame).__module__.startswith("pyspark.sql.connect")
+
+
 def with_position(events: DataFrame) -> DataFrame:
     """``events`` plus the position as top-level columns ``_cdc_commit_lsn``, ``_cdc_seq``."""
     return events.withColumn(COMMIT_LSN, F.col("source.commit_lsn").cast("long")).withColumn(

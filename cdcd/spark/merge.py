@@ -60,6 +60,7 @@ from cdcd.spark.columns import (
     ROW_OPS,
     SEQ,
     default_key_columns,
+    is_connect,
     key_value,
     row_type,
     source_field,
@@ -243,7 +244,7 @@ def checkpoint_with_facts(events: DataFrame, keys: Sequence[str]) -> tuple[DataF
     """``events`` checkpointed locally (they are read several times) and their
     :class:`BatchFacts`, observed while the checkpoint is written: one Spark job, not two.
     Through Spark Connect the facts take a job of their own."""
-    if type(events).__module__.startswith("pyspark.sql.connect"):
+    if is_connect(events):
         checkpointed = events.localCheckpoint()
         return checkpointed, batch_facts(checkpointed, keys)
     measures, key_type = _fact_measures(events, keys)

@@ -163,15 +163,10 @@ def apply_changes(
     if unknown and state is not None:
         raise ValueError("unknown columns are for a batch folded on its own (no state)")
     keys, types, events = _prepare(state, events, key_columns)
-    truncate = (
-        events.where(F.col("op") == "t")
-        .agg(F.max(F.struct(F.col(COMMIT_LSN), F.col(SEQ))).alias("t"))
-        .select(F.col("t")[COMMIT_LSN].alias(TRUNC_LSN), F.col("t")[SEQ].alias(TRUNC_SEQ))
-    )
     rows = events.where(F.col("op").isin(*ROW_OPS))
     if not keys:
         truncate_positions = events.where(F.col("op") == "t").select(COMMIT_LSN, SEQ)
-        return apply_keyless(state, rows, truncate, truncate_positions, types)
+        return apply_keyless(state, rows, _newest_truncate(events), truncate_positions, types)
     others = [c for c in types if c not in keys]
     versions = _versions(state, rows, keys, types, unknown)
     by_key = Window.partitionBy(*keys).orderBy(COMMIT_LSN, SEQ, ORDER)
@@ -179,7 +174,7 @@ def apply_changes(
         "_cdc_last"
     )
     if isinstance(newest_truncate, str):
-        newest = newest.crossJoin(F.broadcast(truncate))
+        newest = newest.crossJoin(F.broadcast(_newest_truncate(events)))
     else:  # the caller knows it: no pass over the events to find it
         lsn, seq = newest_truncate or (None, None)
         newest = newest.withColumn(TRUNC_LSN, F.lit(lsn).cast("long"))
@@ -196,6 +191,15 @@ def apply_changes(
         deleted.alias(DELETED),
         *([F.array_compact(F.array(*marks)).alias(UNKNOWN)] if marks else []),
     ).select(*types, *METADATA, *([UNKNOWN] if marks else []))
+
+
+def _newest_truncate(events: DataFrame) -> DataFrame:
+    """One row: the position of the newest truncate among ``events`` (nulls without one)."""
+    return (
+        events.where(F.col("op") == "t")
+        .agg(F.max(F.struct(F.col(COMMIT_LSN), F.col(SEQ))).alias("t"))
+        .select(F.col("t")[COMMIT_LSN].alias(TRUNC_LSN), F.col("t")[SEQ].alias(TRUNC_SEQ))
+    )
 
 
 def row_versions(events: DataFrame, key_columns: Sequence[str] | None = None) -> DataFrame:

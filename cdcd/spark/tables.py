@@ -54,9 +54,18 @@ from pyspark.sql.types import (
 )
 
 from cdcd.spark.autocdc import START_AT, AutoCdc, AutoCdcError
-from cdcd.spark.columns import COMMIT_LSN, DELETED, METADATA, SEQ, default_key_columns, row_type
+from cdcd.spark.columns import (
+    COMMIT_LSN,
+    DELETED,
+    METADATA,
+    SEQ,
+    default_key_columns,
+    is_connect,
+    row_type,
+)
 from cdcd.spark.merge import _q, checkpoint_with_facts, merge_changes
 from cdcd.spark.scd2 import SCD2_COLUMNS, merge_scd2, scd2_columns_ddl
+from cdcd.spark.session import setting
 from cdcd.spark.state import apply_changes, current_rows
 
 log = logging.getLogger("cdcd.spark")
@@ -223,14 +232,8 @@ def batch_partitions(spark: SparkSession, events: int) -> Iterator[int]:
     per :data:`EVENTS_PER_PARTITION` events, at most as many as configured; yields that."""
     configured = int(spark.conf.get(SHUFFLE_PARTITIONS) or "200")
     wanted = max(1, min(configured, -(-events // EVENTS_PER_PARTITION)))
-    if wanted == configured:
+    with setting(spark, SHUFFLE_PARTITIONS, str(wanted)):
         yield wanted
-        return
-    spark.conf.set(SHUFFLE_PARTITIONS, str(wanted))
-    try:
-        yield wanted
-    finally:
-        spark.conf.set(SHUFFLE_PARTITIONS, str(configured))
 
 
 #: Delta: a MERGE rewrites the files it touches whole (copy-on-write) when the table's last
@@ -287,15 +290,8 @@ def merge_strategy(spark: SparkSession, target: str) -> Iterator[bool]:
     if touched is None or touched > COPY_ON_WRITE_BYTES:
         yield False
         return
-    before = spark.conf.get(DELETION_VECTORS, None)
-    spark.conf.set(DELETION_VECTORS, "false")
-    try:
+    with setting(spark, DELETION_VECTORS, "false"):
         yield True
-    finally:
-        if before is None:
-            spark.conf.unset(DELETION_VECTORS)
-        else:
-            spark.conf.set(DELETION_VECTORS, before)
 
 
 def apply_to_table(
@@ -415,7 +411,7 @@ def stream_to_table(
     if any) and stops. Through Spark Connect it turns off the session's plan cache
     (:data:`CONNECT_PLAN_CACHE`)."""
     options = (cdc or AutoCdc()).options()
-    if type(events).__module__.startswith("pyspark.sql.connect"):
+    if is_connect(events):
         events.sparkSession.conf.set(CONNECT_PLAN_CACHE, "false")
 
     def each_batch(batch: DataFrame, batch_id: int) -> None:
